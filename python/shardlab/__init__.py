@@ -1,0 +1,63 @@
+"""shardlab: an interactive workbench for parallel JAX.
+
+The public API; everything else is private to its package. Importing ``shardlab`` does not
+import IPython or widget libraries (the kernel parts load on demand).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._version import __version__
+from .engine import GraphCache, GraphStagingError, ModeError, ReleaseReport
+from .engine.devices import DeviceSpecError, SwitchReport
+
+__all__ = [
+    "DeviceSpecError",
+    "GraphCache",
+    "GraphStagingError",
+    "ModeError",
+    "ReleaseReport",
+    "SwitchReport",
+    "__version__",
+    "load_ipython_extension",
+    "release",
+    "unload_ipython_extension",
+]
+
+
+def release(*, all: bool = False) -> ReleaseReport:  # noqa: A002 - mirrors %release --all
+    """Frees memory like ``%release``: output history, caches, unreachable arrays, heap.
+
+    In a notebook (shardlab kernel or ``%load_ext shardlab``) arrays bound to names are kept
+    unless ``all=True``. Outside IPython no arrays are deleted, only caches and heap.
+    """
+    from .engine import memory
+
+    try:
+        from .kernel.session import current_session
+    except ImportError:  # IPython not installed
+        return memory.release(None)
+    session = current_session()
+    if session is None:
+        return memory.release(None)
+    from .kernel.magics import release_shell
+
+    return release_shell(session.shell, session, delete_named=all)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext shardlab``: modes, magics and hooks in a stock IPython kernel.
+
+    Device pinning must happen before JAX starts; if JAX is already running, ``%devices``
+    explains the options (an in-process CPU switch, or a pinned kernelspec).
+    """
+    from .kernel.session import register
+
+    register(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from .kernel.session import unregister
+
+    unregister(ipython)

@@ -1,0 +1,406 @@
+"""Graph mode: a whole cell staged into one compiled program.
+
+Names the cell reads that hold arrays (or pytrees with array leaves) become the program's
+inputs; names it binds become outputs written back to the namespace after a successful run
+(so a failing or interrupted cell changes nothing). Everything else the cell reads is static:
+part of the cache key (by value when hashable, else by identity) and closed over.
+
+The cache is keyed by cell source and the static part; JAX's own jit cache then keys on input
+shapes, dtypes and shardings, so re-running a cell with same-shaped inputs does not retrace.
+
+``print`` in a graph cell prints at run time, every run, with concrete values: its arguments
+become extra program outputs printed in program order after the run (f-strings inside
+``print`` are formatted then too). A ``print`` inside a nested transformation (a
+``lax.fori_loop`` body, say) falls back to ``jax.debug.callback``, which may reorder.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import linecache
+import sys
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from .cellsource import FORMAT_NAME, RESULT_NAME, CellSource, analyse_cell
+from .errors import GraphStagingError, translate_trace_error
+
+__all__ = [
+    "GraphCache",
+    "GraphCellError",
+    "GraphRun",
+    "GraphStagingError",
+    "run_graph_cell",
+]
+
+GraphCellError = GraphStagingError  # historical alias; the public name is GraphStagingError
+
+
+def _is_array(leaf: object) -> bool:
+    if isinstance(leaf, jax.Array):
+        return True
+    return isinstance(leaf, np.ndarray) and leaf.dtype != object
+
+
+def _static_key(value: object) -> object:
+    try:
+        hash(value)
+    except TypeError:
+        return ("id", id(value))
+    if isinstance(value, (int, float, complex, str, bytes, bool, type(None), tuple, frozenset)):
+        return (type(value).__name__, value)
+    return ("id", id(value))
+
+
+@dataclass(frozen=True)
+class _Input:
+    name: str
+    treedef: Any
+    array_positions: tuple[int, ...]
+    static_leaves: tuple[Any, ...]  # None where an array goes
+
+
+class DeferredFormat:
+    """An f-string inside ``print`` whose formatting waits for concrete values."""
+
+    def __init__(self, template: str, *values: object) -> None:
+        self.template = template
+        self.values = values
+
+    def render(self) -> str:
+        concrete = [v[()] if isinstance(v, np.ndarray) and v.ndim == 0 else v for v in self.values]
+        return self.template.format(*concrete)
+
+    def __str__(self) -> str:  # formatting outside print (trace time)
+        return self.render()
+
+
+jax.tree_util.register_pytree_node(
+    DeferredFormat,
+    lambda d: (d.values, d.template),
+    lambda template, values: DeferredFormat(template, *values),
+)
+
+
+@dataclass
+class _Print:
+    treedef: Any
+    array_positions: tuple[int, ...]
+    leaves: list[Any]
+    kwargs: dict[str, Any]
+
+
+@dataclass
+class _Structure:
+    """What a trace found out about the outputs (recorded per input signature)."""
+
+    names: tuple[str, ...]
+    treedef: Any
+    array_positions: tuple[int, ...]
+    static_leaves: tuple[Any, ...]
+    prints: list[_Print]
+
+
+@dataclass
+class _Entry:
+    cell: CellSource
+    inputs: tuple[_Input, ...]
+    statics: dict[str, Any]
+    fn: Callable[..., Any] | None = None
+    traces: int = 0
+    runs: int = 0
+    structures: dict[tuple[Any, ...], _Structure] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GraphRun:
+    """The outcome of one graph-cell run."""
+
+    result: Any
+    has_result: bool
+    traced: bool
+    traces: int
+    outputs: tuple[str, ...]
+    inputs: tuple[str, ...]
+
+
+class GraphCache:
+    """Compiled graph cells, most recently used last, bounded to ``max_entries``."""
+
+    def __init__(self, *, max_entries: int = 64) -> None:
+        self.max_entries = max_entries
+        self._entries: collections.OrderedDict[Any, _Entry] = collections.OrderedDict()
+        self._cells: dict[tuple[str, str, int], CellSource] = {}
+        self.total_traces = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> int:
+        """Drops every staged cell; returns how many there were."""
+        count = len(self._entries)
+        self._entries.clear()
+        self._cells.clear()
+        return count
+
+    def traces_of(self, source: str) -> int:
+        """Total traces of all entries staged from ``source``."""
+        return sum(e.traces for e in self._entries.values() if e.cell.source == source)
+
+    def _cell(self, source: str, filename: str, line_offset: int) -> CellSource:
+        key = (source, filename, line_offset)
+        cell = self._cells.get(key)
+        if cell is None:
+            cell = analyse_cell(source, filename=filename, line_offset=line_offset)
+            if len(self._cells) >= 4 * self.max_entries:
+                self._cells.clear()
+            self._cells[key] = cell
+        return cell
+
+    def _get(self, key: Any) -> _Entry | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def _put(self, key: Any, entry: _Entry) -> None:
+        self._entries[key] = entry
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+
+def _check_mutations(cell: CellSource, namespace: MutableMapping[str, Any], offset: int) -> None:
+    for mutation in cell.mutations:
+        if mutation.name not in namespace:
+            continue
+        value = namespace[mutation.name]
+        if mutation.how.startswith("method"):
+            flagged = isinstance(value, (list, dict, set, bytearray, collections.deque))
+        elif mutation.how == "item assignment":
+            flagged = not isinstance(value, jax.Array)
+        else:
+            flagged = not isinstance(value, type(sys))
+        if flagged:
+            kind = type(value).__name__
+            raise GraphStagingError(
+                lineno=mutation.lineno + offset,
+                line=cell.line(mutation.lineno, offset=0),
+                reason=(
+                    f"{mutation.how} mutates `{mutation.name}` (a {kind} from outside the "
+                    "cell) in place; a staged cell runs its Python once, at trace time, so "
+                    "the mutation would not repeat on later runs and could leak traced values."
+                ),
+                fix=f"{_rebuild_hint(mutation.name, value)}, or run the cell with %%jit or %%eager.",
+            )
+
+
+def _rebuild_hint(name: str, value: object) -> str:
+    if isinstance(value, (list, collections.deque)):
+        example = f"`{name} = [*{name}, new_item]`"
+    elif isinstance(value, dict):
+        example = f"`{name} = {{**{name}, key: new_value}}`"
+    elif isinstance(value, (set, frozenset)):
+        example = f"`{name} = {name} | {{new_item}}`"
+    else:
+        example = f"a new object (e.g. `{name} = dataclasses.replace({name}, ...)`)"
+    return f"build a new value and bind it to a name, e.g. {example}"
+
+
+def _check_definitions(cell: CellSource, offset: int) -> None:
+    for definition in cell.definitions:
+        raise GraphStagingError(
+            lineno=definition.lineno + offset,
+            line=cell.line(definition.lineno),
+            reason=(
+                f"the cell defines {definition.kind} `{definition.name}`; a graph cell "
+                "stages array computations, and a definition made while tracing would "
+                "capture traced values."
+            ),
+            fix=(
+                "define it in a %%jit or %%eager cell and call it from the graph cell, "
+                "or run this cell with %%jit."
+            ),
+        )
+
+
+def _split_inputs(
+    cell: CellSource, namespace: MutableMapping[str, Any]
+) -> tuple[tuple[_Input, ...], list[Any], dict[str, Any], tuple[Any, ...]]:
+    inputs: list[_Input] = []
+    arrays: list[Any] = []
+    statics: dict[str, Any] = {}
+    key_parts: list[Any] = []
+    for name in cell.reads:
+        if name not in namespace:
+            continue
+        value = namespace[name]
+        leaves, treedef = jax.tree_util.tree_flatten(value)
+        positions = tuple(i for i, leaf in enumerate(leaves) if _is_array(leaf))
+        if positions:
+            static_leaves = tuple(None if i in positions else leaf for i, leaf in enumerate(leaves))
+            inputs.append(_Input(name, treedef, positions, static_leaves))
+            arrays.extend(leaves[i] for i in positions)
+            key_parts.append(
+                (name, "array", treedef, tuple(_static_key(s) for s in static_leaves))
+            )
+        else:
+            statics[name] = value
+            key_parts.append((name, "static", _static_key(value)))
+    return tuple(inputs), arrays, statics, tuple(key_parts)
+
+
+def _rebuild(spec: _Input, arrays: list[Any]) -> Any:
+    leaves = list(spec.static_leaves)
+    for position, array in zip(spec.array_positions, arrays, strict=True):
+        leaves[position] = array
+    return jax.tree_util.tree_unflatten(spec.treedef, leaves)
+
+
+def _signature(arrays: list[Any]) -> tuple[Any, ...]:
+    return tuple((tuple(np.shape(a)), str(getattr(a, "dtype", ""))) for a in arrays)
+
+
+def _make_staged(entry: _Entry, cache: GraphCache) -> Callable[..., Any]:
+    cell = entry.cell
+
+    def staged(arrays: list[Any]) -> tuple[list[Any], list[Any]]:
+        entry.traces += 1
+        cache.total_traces += 1
+        prints: list[_Print] = []
+        outer_trace = next((getattr(a, "_trace", None) for a in arrays), None)
+
+        def staged_print(*args: Any, **kwargs: Any) -> None:
+            leaves, treedef = jax.tree_util.tree_flatten(args)
+            positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array))
+            foreign = any(
+                getattr(leaves[i], "_trace", outer_trace) is not outer_trace for i in positions
+            )
+            if foreign:  # inside a nested transformation: a runtime callback instead
+                arrays_in = [leaves[i] for i in positions]
+
+                def callback(*values: Any) -> None:
+                    _emit(_Print(treedef, positions, list(leaves), kwargs), list(values))
+
+                jax.debug.callback(callback, *arrays_in)
+                return
+            prints.append(_Print(treedef, positions, leaves, kwargs))
+
+        namespace: dict[str, Any] = {
+            "__name__": "__main__",
+            "__builtins__": {**vars(builtins), "print": staged_print},
+            FORMAT_NAME: DeferredFormat,
+        }
+        namespace.update(entry.statics)
+        offset = 0
+        for spec in entry.inputs:
+            count = len(spec.array_positions)
+            namespace[spec.name] = _rebuild(spec, arrays[offset : offset + count])
+            offset += count
+        exec(cell.code, namespace)  # noqa: S102 - running the user's own cell is the point
+        names = tuple(n for n in (*cell.binds, RESULT_NAME) if n in namespace)
+        values = tuple(namespace[n] for n in names)
+        leaves, treedef = jax.tree_util.tree_flatten(values)
+        positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array))
+        static_leaves = tuple(None if i in positions else leaf for i, leaf in enumerate(leaves))
+        entry.structures[_signature(arrays)] = _Structure(
+            names, treedef, positions, static_leaves, prints
+        )
+        print_arrays = [p.leaves[i] for p in prints for i in p.array_positions]
+        return [leaves[i] for i in positions], print_arrays
+
+    return staged
+
+
+def _emit(record: _Print, values: list[Any]) -> None:
+    leaves = list(record.leaves)
+    for position, value in zip(record.array_positions, values, strict=True):
+        leaves[position] = np.asarray(value)
+    args = jax.tree_util.tree_unflatten(record.treedef, leaves)
+    rendered = [a.render() if isinstance(a, DeferredFormat) else a for a in args]
+    builtins.print(*rendered, **record.kwargs)
+
+
+def run_graph_cell(
+    source: str,
+    namespace: MutableMapping[str, Any],
+    *,
+    cache: GraphCache,
+    filename: str | None = None,
+    line_offset: int = 0,
+    cell_text: str | None = None,
+) -> GraphRun:
+    """Stages ``source`` as one compiled program, runs it, and writes its outputs back.
+
+    Args:
+        source: the cell body.
+        namespace: the user namespace; read for inputs, written for outputs (only after
+            the program ran successfully).
+        cache: where staged cells live between runs.
+        filename: the name tracebacks show; registered in ``linecache`` with ``cell_text``.
+        line_offset: lines above ``source`` in the cell as shown to the user.
+        cell_text: the whole cell as shown to the user (defaults to ``source``).
+
+    Raises:
+        GraphStagingError: the cell cannot be staged; the message names the line, the reason
+            and what to do instead.
+    """
+    __tracebackhide__ = True
+    filename = filename or f"<graph-cell-{abs(hash(source)) & 0xFFFFFFFF:08x}>"
+    if filename not in linecache.cache:
+        text = cell_text if cell_text is not None else "\n" * line_offset + source
+        linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    cell = cache._cell(source, filename, line_offset)
+    _check_definitions(cell, line_offset)
+    _check_mutations(cell, namespace, line_offset)
+    inputs, arrays, statics, key_parts = _split_inputs(cell, namespace)
+    key = (source, key_parts)
+    entry = cache._get(key)
+    if entry is None:
+        entry = _Entry(cell=cell, inputs=inputs, statics=statics)
+        entry.fn = jax.jit(_make_staged(entry, cache))
+        cache._put(key, entry)
+    traces_before = entry.traces
+    assert entry.fn is not None
+    try:
+        out_arrays, print_arrays = entry.fn(arrays)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError) as error:
+        raise translate_trace_error(error, cell) from None
+    except jax.errors.TracerIntegerConversionError as error:
+        raise translate_trace_error(error, cell) from None
+    except jax.errors.UnexpectedTracerError as error:
+        raise translate_trace_error(error, cell) from None
+    structure = entry.structures[_signature(arrays)]
+    entry.runs += 1
+    leaves = list(structure.static_leaves)
+    for position, value in zip(structure.array_positions, out_arrays, strict=True):
+        leaves[position] = value
+    values = jax.tree_util.tree_unflatten(structure.treedef, leaves)
+    # Print what the cell printed, in program order, with this run's values.
+    jax.block_until_ready(print_arrays)
+    offset = 0
+    for record in structure.prints:
+        count = len(record.array_positions)
+        _emit(record, print_arrays[offset : offset + count])
+        offset += count
+    jax.effects_barrier()
+    result = None
+    for name, value in zip(structure.names, values, strict=True):
+        if name == RESULT_NAME:
+            result = value
+        else:
+            namespace[name] = value
+    for name in cell.deletes:
+        namespace.pop(name, None)
+    return GraphRun(
+        result=result,
+        has_result=cell.has_result,
+        traced=entry.traces > traces_before,
+        traces=entry.traces,
+        outputs=tuple(n for n in structure.names if n != RESULT_NAME),
+        inputs=tuple(i.name for i in inputs),
+    )

@@ -1,0 +1,263 @@
+"""Memory accounting and release for long sessions.
+
+``device.memory_stats()`` is None on CPU, so per-device bytes are summed over the addressable
+shards of ``jax.live_arrays()``. Release drops what nothing the user can reach still holds:
+compilation caches, the last traceback's frames, arrays that no reachable object refers to;
+then returns freed heap to the OS with glibc's ``malloc_trim``.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import gc
+import sys
+import types
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import jax
+
+_GPU_NOTE = (
+    "On GPU, XLA's allocator keeps freed memory for reuse (by default it preallocates 75% of "
+    "the device); the bytes above are what arrays hold. To hand memory back to the driver, "
+    "start the kernel with XLA_PYTHON_CLIENT_ALLOCATOR=platform (slower allocation) or "
+    "XLA_PYTHON_CLIENT_PREALLOCATE=false."
+)
+
+
+def process_rss() -> int:
+    """Resident set size of this process in bytes (0 where it cannot be read)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+        import resource
+
+        return pages * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        try:
+            import resource
+
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        except Exception:
+            return 0
+
+
+def live_bytes_per_device() -> dict[str, int]:
+    """Bytes held by live JAX arrays on each device, keyed by ``str(device)``."""
+    totals: dict[str, int] = {str(d): 0 for d in jax.devices()}
+    for array in jax.live_arrays():
+        try:
+            for shard in array.addressable_shards:
+                key = str(shard.device)
+                totals[key] = totals.get(key, 0) + shard.data.nbytes
+        except Exception:  # a deleted or donated array between listing and reading
+            continue
+    return totals
+
+
+def cache_stats() -> dict[str, int]:
+    """Sizes of JAX's in-memory compilation caches (entries, not bytes)."""
+    from jax._src import pjit
+    from jax._src.interpreters import pxla
+
+    stats: dict[str, int] = {}
+    for name, cache in (
+        ("executables", getattr(pxla, "_cached_compilation", None)),
+        ("lowerings", getattr(pxla, "_cached_lowering_to_hlo", None)),
+        ("jaxprs", getattr(pjit, "_infer_params_cached", None)),
+    ):
+        info = getattr(cache, "cache_info", None)
+        if info is not None:
+            stats[name] = int(info().currsize)
+    return stats
+
+
+def malloc_trim() -> bool:
+    """Returns freed heap to the OS on glibc; False elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
+def _reachable_arrays(
+    roots: Iterable[object], *, max_objects: int = 300_000
+) -> tuple[set[int], bool]:
+    """ids of JAX arrays reachable from ``roots`` through containers and object attributes.
+
+    Returns the ids and whether the walk finished (it stops after ``max_objects`` objects,
+    and then nothing may be called unreachable).
+    """
+    found: set[int] = set()
+    seen: set[int] = set()
+    queue = collections.deque(roots)
+    while queue and len(seen) < max_objects:
+        obj = queue.popleft()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, jax.Array):
+            found.add(id(obj))
+            continue
+        if isinstance(obj, (str, bytes, int, float, complex, bool, type(None), types.ModuleType)):
+            continue
+        if isinstance(obj, Mapping):
+            queue.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset, collections.deque)):
+            queue.extend(obj)
+        elif isinstance(obj, types.FunctionType):
+            queue.extend(c.cell_contents for c in (obj.__closure__ or ()) if _cell_ok(c))
+            queue.extend(obj.__defaults__ or ())
+        else:
+            attrs = getattr(obj, "__dict__", None)
+            if isinstance(attrs, dict):
+                queue.extend(attrs.values())
+            for slot in getattr(type(obj), "__slots__", ()) or ():
+                if isinstance(slot, str) and hasattr(obj, slot):
+                    queue.append(getattr(obj, slot))
+            try:
+                leaves = jax.tree_util.tree_leaves(obj)
+            except Exception:
+                leaves = []
+            if leaves and leaves != [obj]:
+                queue.extend(leaves)
+    return found, not queue
+
+
+def _cell_ok(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises ValueError
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class ReleaseReport:
+    """Before/after figures of a memory release."""
+
+    bytes_before: dict[str, int]
+    bytes_after: dict[str, int]
+    rss_before: int
+    rss_after: int
+    arrays_deleted: int
+    named_arrays_deleted: tuple[str, ...]
+    caches_cleared: dict[str, int]
+    trimmed: bool
+    platform: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def freed_device_bytes(self) -> int:
+        return sum(self.bytes_before.values()) - sum(self.bytes_after.values())
+
+    def text(self) -> str:
+        """A short human-readable summary."""
+        lines = [
+            f"device bytes: {_fmt(sum(self.bytes_before.values()))} → "
+            f"{_fmt(sum(self.bytes_after.values()))} "
+            f"(freed {_fmt(self.freed_device_bytes)}; {self.arrays_deleted} unreachable "
+            f"array(s) deleted)",
+            f"process RSS:  {_fmt(self.rss_before)} → {_fmt(self.rss_after)}",
+        ]
+        if self.named_arrays_deleted:
+            lines.append("deleted named arrays: " + ", ".join(self.named_arrays_deleted))
+        per_device = [
+            f"{d}: {_fmt(self.bytes_before.get(d, 0))} → {_fmt(b)}"
+            for d, b in self.bytes_after.items()
+        ]
+        lines.append("per device: " + "; ".join(per_device))
+        if self.platform == "gpu":
+            lines.append(_GPU_NOTE)
+        return "\n".join(lines)
+
+
+def _fmt(num: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(num) < 1024 or unit == "GiB":
+            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.1f} {unit}"
+        num /= 1024
+    return f"{num:.1f} GiB"
+
+
+def release(
+    user_namespace: Mapping[str, Any] | None = None,
+    *,
+    delete_named: bool = False,
+    delete_unreachable: bool = True,
+) -> ReleaseReport:
+    """Frees device and host memory nothing the user can reach still uses.
+
+    Args:
+        user_namespace: the user's names (a notebook's namespace); arrays reachable from it
+            are kept unless ``delete_named``. ``None`` deletes no arrays at all.
+        delete_named: also delete arrays bound to names in ``user_namespace`` (their names
+            are reported).
+        delete_unreachable: delete arrays that neither the namespace nor any imported
+            module reaches (typically held by stale tracebacks or hidden caches).
+    """
+    bytes_before = live_bytes_per_device()
+    rss_before = process_rss()
+    for attr in ("last_traceback", "last_value", "last_type", "last_exc"):
+        if hasattr(sys, attr):
+            setattr(sys, attr, None)
+    caches = cache_stats()
+    jax.clear_caches()
+    gc.collect()
+    deleted = 0
+    named: list[str] = []
+    if user_namespace is not None:
+        user_ids, _ = _reachable_arrays(
+            v for k, v in user_namespace.items() if not k.startswith("_") or k == "_"
+        )
+        if delete_named:
+            for name, value in list(user_namespace.items()):
+                if name.startswith("_"):
+                    continue
+                if _reachable_arrays([value])[0]:
+                    named.append(name)
+        if delete_unreachable or delete_named:
+            module_roots = [
+                vars(m)
+                for name, m in list(sys.modules.items())
+                if m is not None and name != "__main__"
+            ]
+            keep, complete = _reachable_arrays(module_roots)
+            # A walk cut short proves nothing unreachable: then delete only named arrays.
+            delete_unreachable = delete_unreachable and complete
+            if not delete_named:
+                keep |= user_ids
+            for array in jax.live_arrays():
+                reachable = id(array) in user_ids
+                if id(array) in keep:
+                    continue
+                if reachable and not delete_named:
+                    continue
+                if not reachable and not delete_unreachable:
+                    continue
+                try:
+                    array.delete()
+                    deleted += 1
+                except Exception:
+                    continue
+    gc.collect()
+    trimmed = malloc_trim()
+    platform = jax.devices()[0].platform if jax.devices() else "cpu"
+    return ReleaseReport(
+        bytes_before=bytes_before,
+        bytes_after=live_bytes_per_device(),
+        rss_before=rss_before,
+        rss_after=process_rss(),
+        arrays_deleted=deleted,
+        named_arrays_deleted=tuple(named),
+        caches_cleared=caches,
+        trimmed=trimmed,
+        platform="gpu" if platform in ("gpu", "cuda", "rocm") else platform,
+    )

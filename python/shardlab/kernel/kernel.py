@@ -1,0 +1,71 @@
+"""``ShardlabKernel``: an IPython kernel with per-cell modes, hooks and a status comm.
+
+Everything it adds lives in :class:`~shardlab.kernel.session.ShardlabSession` (also loaded by
+``%load_ext shardlab`` in a stock kernel); the kernel adds what only a kernel can do: it sees
+each execute request's cell metadata (JupyterLab sends it; ``{"shardlab": {"mode": ...}}``
+chooses the cell's mode) and puts the effective mode into each execute_reply's metadata.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ipykernel.ipkernel import IPythonKernel
+
+from .._version import __version__
+from .session import register
+
+
+class ShardlabKernel(IPythonKernel):
+    """The shardlab Jupyter kernel."""
+
+    implementation = "shardlab"
+    implementation_version = __version__
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        assert self.shell is not None
+        self.session_state = register(self.shell)
+        self._finished_mode: Any = None
+
+    @property
+    def banner(self) -> str:  # type: ignore[override]
+        return super().banner + f"\nshardlab {__version__}: %mode, %%graph, %release, %devices\n"
+
+    async def do_execute(  # type: ignore[override]
+        self,
+        code: str,
+        silent: bool,
+        store_history: bool = True,
+        user_expressions: dict[str, Any] | None = None,
+        allow_stdin: bool = False,
+        *,
+        cell_meta: dict[str, Any] | None = None,
+        cell_id: str | None = None,
+    ) -> dict[str, Any]:
+        self.session_state.begin_cell(code, cell_meta, silent=silent)
+        try:
+            return await super().do_execute(
+                code,
+                silent,
+                store_history=store_history,
+                user_expressions=user_expressions,
+                allow_stdin=allow_stdin,
+                cell_meta=cell_meta,
+                cell_id=cell_id,
+            )
+        finally:
+            self._finished_mode = self.session_state.end_cell()
+
+    def finish_metadata(
+        self, parent: dict[str, Any], metadata: dict[str, Any], reply_content: dict[str, Any]
+    ) -> dict[str, Any]:
+        metadata = super().finish_metadata(parent, metadata, reply_content)
+        finished, self._finished_mode = self._finished_mode, None
+        if finished is not None:
+            metadata["shardlab"] = {
+                "mode": finished.mode,
+                "mode_source": finished.source,
+                "mode_error": finished.error,
+            }
+        return metadata

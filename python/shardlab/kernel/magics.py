@@ -1,0 +1,221 @@
+"""shardlab's magics: ``%mode``, ``%%eager``/``%%jit``/``%%graph``, ``%release``, ``%devices``."""
+
+from __future__ import annotations
+
+import ast
+import os
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+
+from ..engine import memory
+from ..engine.devices import DeviceSpecError, parse_devices, switch_cpu_devices
+from ..engine.errors import GraphStagingError
+from ..engine.graph import run_graph_cell
+from ..engine.modes import ModeError, mode_context, parse_mode
+
+if TYPE_CHECKING:
+    from .session import ShardlabSession
+
+_OFFSET_FLAG = "--shardlab-line-offset="
+
+
+@magics_class
+class ShardlabMagics(Magics):
+    """Magics bound to one :class:`ShardlabSession`."""
+
+    def __init__(self, shell: Any, *, session: ShardlabSession) -> None:
+        super().__init__(shell)
+        self.session = session
+
+    # -- modes -----------------------------------------------------------------------------
+    @line_magic
+    def mode(self, line: str) -> None:
+        """Show or set the default execution mode: ``%mode [eager|jit|graph]``.
+
+        Cells without ``%%eager``/``%%jit``/``%%graph`` and without ``shardlab.mode`` cell
+        metadata run in the default mode. With no argument, prints the default and the
+        effective modes of the last cells.
+        """
+        arg = line.strip()
+        if arg:
+            try:
+                self.session.set_default(parse_mode(arg, origin="%mode"))
+            except ModeError as error:
+                raise UsageError(str(error)) from None
+            print(f"default mode: {self.session.default_mode}")
+            return
+        print(f"default mode: {self.session.default_mode}")
+        history = self.session.effective_history()
+        if history:
+            print("last cells:")
+            for item in history[-10:]:
+                print(f"  [{item.execution_count}] {item.mode:<5} (from {item.source})")
+
+    def _run_in_mode(self, mode: str, cell: str) -> Any:
+        """Runs ``cell`` in the user namespace under ``mode``; returns its last expression."""
+        __tracebackhide__ = True
+        shell = self.shell
+        assert shell is not None
+        code = shell.transform_cell(cell)
+        tree = ast.parse(code)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
+        filename = shell.compile.cache(code, shell.execution_count)
+        with mode_context(parse_mode(mode)):
+            exec(compile(tree, filename, "exec"), shell.user_ns)  # noqa: S102
+            if last is not None:
+                return eval(compile(last, filename, "eval"), shell.user_ns)  # noqa: S307
+        return None
+
+    @cell_magic
+    def eager(self, line: str, cell: str) -> Any:
+        """Run the cell op by op (``jax.disable_jit()``): print and breakpoints see values."""
+        __tracebackhide__ = True
+        return self._run_in_mode("eager", cell)
+
+    @cell_magic
+    def jit(self, line: str, cell: str) -> Any:
+        """Run the cell as plain JAX: jitted functions compile and are cached."""
+        __tracebackhide__ = True
+        return self._run_in_mode("jit", cell)
+
+    @cell_magic
+    def graph(self, line: str, cell: str) -> Any:
+        """Stage the whole cell as one compiled program, cached by input shapes.
+
+        Names the cell reads that hold arrays become inputs; names it binds are written
+        back after the program ran. ``print`` prints at run time, every run.
+        """
+        __tracebackhide__ = True
+        shell = self.shell
+        assert shell is not None
+        offset = 1
+        for token in line.split():
+            if token.startswith(_OFFSET_FLAG):
+                offset = int(token[len(_OFFSET_FLAG) :])
+        self.session._in_graph_body = True
+        try:
+            code = shell.transform_cell(cell)
+        finally:
+            self.session._in_graph_body = False
+        cell_text = ("%%graph\n" if offset else "") + cell
+        filename = shell.compile.cache(cell_text, shell.execution_count)
+        try:
+            run = run_graph_cell(
+                code,
+                shell.user_ns,
+                cache=self.session.graph_cache,
+                filename=filename,
+                line_offset=offset,
+                cell_text=cell_text,
+            )
+        except GraphStagingError as error:
+            raise error.with_traceback(None) from None
+        return run.result if run.has_result else None
+
+    # -- memory ----------------------------------------------------------------------------
+    @line_magic
+    def release(self, line: str) -> memory.ReleaseReport:
+        """Free memory: ``%release [--all]``.
+
+        Clears IPython's output history (``Out``, ``_``, ``__``, ``___``), the last
+        traceback, staged graph cells and JAX's compilation caches; deletes device arrays no
+        name refers to; returns freed heap to the OS (glibc ``malloc_trim``). ``--all`` also
+        deletes arrays bound to names, listing them first. Prints per-device bytes and
+        process RSS before and after.
+        """
+        args = line.split()
+        unknown = [a for a in args if a != "--all"]
+        if unknown:
+            raise UsageError(f"%release: unknown option {unknown[0]!r}; use %release [--all]")
+        delete_named = "--all" in args
+        report = release_shell(self.shell, self.session, delete_named=delete_named)
+        print(report.text())
+        return report
+
+    # -- devices ---------------------------------------------------------------------------
+    @line_magic
+    def devices(self, line: str) -> None:
+        """Show devices, or switch the CPU device count: ``%devices [cpu:N]``.
+
+        Without an argument: platform, devices, the pinned set, the current mesh and
+        per-device live bytes. ``%devices cpu:N`` switches in-process, moving every array
+        in the namespace through host memory so nothing is lost. GPU visibility cannot
+        change in a running process: install a kernelspec with ``python -m shardlab
+        install --devices gpu:0,1`` and restart with it.
+        """
+        arg = line.strip()
+        if not arg:
+            print(devices_text(self.shell.user_ns))
+            return
+        try:
+            target = parse_devices(arg)
+        except DeviceSpecError as error:
+            raise UsageError(str(error)) from None
+        if target.platform == "gpu":
+            raise UsageError(
+                f"%devices {arg}: GPU visibility is fixed when JAX starts and cannot change "
+                "in a running kernel. Install a kernelspec pinned to it — python -m shardlab "
+                f"install --devices {target.spec} --name shardlab-gpu — then pick that "
+                "kernel (or restart with it)."
+            )
+        assert target.count is not None
+        self.session.graph_cache.clear()
+        try:
+            report = switch_cpu_devices(target.count, self.shell.user_ns)
+        except DeviceSpecError as error:
+            raise UsageError(str(error)) from None
+        print(report.text())
+        self.session.status.send()
+
+
+def release_shell(shell: Any, session: ShardlabSession, *, delete_named: bool = False):
+    """The kernel's release: output history first, then :func:`memory.release`."""
+    if shell is not None:
+        try:
+            shell.displayhook.flush()  # Out, _, __, ___ and _N
+        except Exception:
+            pass
+        for name in ("_", "__", "___"):
+            shell.user_ns.pop(name, None)
+    session.graph_cache.clear()
+    return memory.release(shell.user_ns if shell is not None else None, delete_named=delete_named)
+
+
+def _mesh_text(namespace: dict[str, Any]) -> str:
+    import jax
+    from jax.sharding import Mesh
+
+    parts = []
+    try:
+        abstract = jax.sharding.get_abstract_mesh()
+        if abstract is not None and not abstract.empty:
+            parts.append(f"set: {dict(abstract.shape)}")
+    except Exception:
+        pass
+    named = [f"{n}={dict(v.shape)}" for n, v in namespace.items() if isinstance(v, Mesh)]
+    if named:
+        parts.append("in namespace: " + ", ".join(named))
+    return "; ".join(parts) if parts else "none (create one with shardlab.mesh(data=2, model=4))"
+
+
+def devices_text(namespace: dict[str, Any]) -> str:
+    """The ``%devices`` report."""
+    import jax
+
+    devices = jax.devices()
+    pinned = os.environ.get("SHARDLAB_DEVICES", "not pinned (JAX's defaults)")
+    lines = [
+        f"platform: {devices[0].platform if devices else 'none'} ({len(devices)} devices)",
+        f"pinned:   {pinned}",
+        f"mesh:     {_mesh_text(namespace)}",
+        "devices:",
+    ]
+    per_device = memory.live_bytes_per_device()
+    for device in devices:
+        used = per_device.get(str(device), 0)
+        lines.append(f"  {device.id:>3}  {device.device_kind:<12} live {used:>12,} bytes")
+    return "\n".join(lines)

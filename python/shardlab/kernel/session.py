@@ -1,0 +1,229 @@
+"""The per-shell state of shardlab: modes, graph cache, hooks and status.
+
+One ``ShardlabSession`` is attached to an IPython shell, by the shardlab kernel or by
+``%load_ext shardlab`` in a stock IPython kernel. It is a traitlets ``Configurable``, so
+``%config ShardlabSession.reset_on_mode_switch = False`` and config files work.
+
+How a cell runs:
+  1. the kernel (when it is the shardlab kernel) hands the cell metadata to
+     :meth:`ShardlabSession.begin_cell`, which resolves the effective mode;
+  2. an input transformer rewrites the cell: graph cells become a ``%%graph`` cell magic,
+     ``%%eager``/``%%jit`` lines become blank lines (keeping line numbers);
+  3. ``pre_run_cell`` resets caches when the mode changed and enters ``jax.disable_jit()`` for
+     eager cells; ``post_run_cell`` leaves it, records the mode, releases memory after an
+     out-of-memory error and sends the status record on the ``shardlab`` comm.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from traitlets import Bool, Enum, Instance, Int
+from traitlets.config import Configurable
+
+from ..engine import memory
+from ..engine.graph import GraphCache
+from ..engine.modes import MODES, Mode, ModeError, ModeSource, parse_mode_magic, resolve_mode
+from .status import StatusChannel
+
+_GRAPH_MAGIC = "%%graph --shardlab-line-offset=0\n"
+
+
+@dataclass(frozen=True)
+class CellMode:
+    """The mode a cell runs in, where it came from, or why it could not be resolved."""
+
+    code: str
+    mode: Mode | None
+    source: ModeSource | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class HistoryItem:
+    execution_count: int
+    mode: Mode
+    source: ModeSource
+
+
+class ShardlabSession(Configurable):
+    """Modes, caches and hooks of one shell."""
+
+    default_mode = Enum(MODES, default_value="jit", help="Mode of cells without a mode.").tag(
+        config=True
+    )
+    reset_on_mode_switch = Bool(
+        True,
+        help="When consecutive cells run in different modes, drop staged graph cells and "
+        "JAX's compilation caches, so memory does not grow with every switch.",
+    ).tag(config=True)
+    release_after_oom = Bool(
+        True, help="After a cell fails out of memory, release unreachable arrays and caches."
+    ).tag(config=True)
+    history_length = Int(20, help="How many cells' effective modes %mode lists.").tag(
+        config=True
+    )
+    shell = Instance("IPython.core.interactiveshell.InteractiveShellABC", allow_none=True)
+
+    def __init__(self, shell: Any, **kwargs: Any) -> None:
+        super().__init__(shell=shell, parent=shell, **kwargs)
+        self.graph_cache = GraphCache()
+        self.pending: CellMode | None = None
+        self.silent = False
+        self.current: CellMode | None = None
+        self.last_mode: Mode | None = None
+        self.history: collections.deque[HistoryItem] = collections.deque(
+            maxlen=self.history_length
+        )
+        self.status = StatusChannel(self)
+        self._eager_context: Any = None
+        self._in_graph_body = False
+
+    # -- mode resolution -------------------------------------------------------------------
+    def begin_cell(self, code: str, cell_meta: dict[str, Any] | None, *, silent: bool) -> None:
+        """Called by the shardlab kernel before it runs ``code``."""
+        self.silent = silent
+        if silent:
+            self.pending = None
+            return
+        self.pending = self._resolve(code, cell_meta)
+
+    def end_cell(self) -> CellMode | None:
+        finished, self.pending, self.silent = self.pending, None, False
+        return finished
+
+    def _resolve(self, code: str, cell_meta: dict[str, Any] | None) -> CellMode:
+        try:
+            mode, source = resolve_mode(code, cell_meta, self.default_mode)
+        except ModeError as error:
+            return CellMode(code, None, None, str(error))
+        return CellMode(code, mode, source)
+
+    def mode_of(self, code: str) -> CellMode:
+        # IPython may add a final newline or strip indentation before transformers run.
+        if self.pending is not None and self.pending.code.strip() == code.strip():
+            return self.pending
+        return self._resolve(code, None)
+
+    # -- the input transformer -------------------------------------------------------------
+    def transform(self, lines: list[str]) -> list[str]:
+        """IPython cleanup transformer: routes a cell to its mode (see module docstring)."""
+        if self.silent or self._in_graph_body or not lines:
+            return lines
+        code = "".join(lines)
+        cell = self.mode_of(code)
+        if cell.error is not None:
+            return [
+                "raise __import__('shardlab.engine.modes', fromlist=['ModeError'])"
+                f".ModeError({cell.error!r})\n"
+            ]
+        magic, body = parse_mode_magic(code)
+        if cell.mode == "graph":
+            if magic == "graph":
+                return lines
+            return [_GRAPH_MAGIC, *body.splitlines(True)]
+        if magic is not None:  # %%eager / %%jit: a blank line keeps line numbers
+            blank_lines = len(code) - len(code.lstrip("\n"))
+            return ["\n"] * (blank_lines + 1) + body.splitlines(True)
+        return lines
+
+    # -- events ----------------------------------------------------------------------------
+    def pre_run_cell(self, info: Any) -> None:
+        cell = self.mode_of(info.raw_cell or "")
+        self.current = cell
+        if cell.mode is None:
+            return
+        if self.last_mode is not None and cell.mode != self.last_mode:
+            self._mode_switched(self.last_mode, cell.mode)
+        if cell.mode == "eager":
+            import jax
+
+            self._eager_context = jax.disable_jit()
+            self._eager_context.__enter__()
+
+    def post_run_cell(self, result: Any) -> None:
+        if self._eager_context is not None:
+            context, self._eager_context = self._eager_context, None
+            context.__exit__(None, None, None)
+        cell, self.current = self.current, None
+        if cell is not None and cell.mode is not None and cell.source is not None:
+            self.last_mode = cell.mode
+            count = getattr(result, "execution_count", None) or self.shell.execution_count
+            self.history.append(HistoryItem(int(count), cell.mode, cell.source))
+        error = getattr(result, "error_in_exec", None)
+        if error is not None and self.release_after_oom and _is_out_of_memory(error):
+            report = memory.release(self.shell.user_ns)
+            print(
+                "[shardlab] the cell ran out of memory; released temporaries and caches:\n"
+                + report.text()
+            )
+        self.status.send()
+
+    def _mode_switched(self, before: Mode, after: Mode) -> None:
+        if not self.reset_on_mode_switch:
+            return
+        import jax
+
+        stats = memory.cache_stats()
+        cells = self.graph_cache.clear()
+        jax.clear_caches()
+        print(
+            f"[shardlab] mode {before} → {after}: cleared {cells} graph cell(s) and "
+            f"{stats.get('executables', 0)} compiled program(s)",
+        )
+
+    # -- helpers for magics ----------------------------------------------------------------
+    def effective_history(self) -> list[HistoryItem]:
+        return list(self.history)
+
+    def set_default(self, mode: Mode) -> None:
+        self.default_mode = mode
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    if isinstance(error, MemoryError):
+        return True
+    text = f"{type(error).__name__}: {error}"
+    return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
+
+
+def register(shell: Any) -> ShardlabSession:
+    """Attaches one session to ``shell`` (idempotent) and hooks it in."""
+    existing = getattr(shell, "_shardlab_session", None)
+    if isinstance(existing, ShardlabSession):
+        return existing
+    session = ShardlabSession(shell, config=shell.config)
+    shell._shardlab_session = session
+    shell.configurables.append(session)
+    shell.input_transformers_cleanup.append(session.transform)
+    shell.events.register("pre_run_cell", session.pre_run_cell)
+    shell.events.register("post_run_cell", session.post_run_cell)
+    from .magics import ShardlabMagics
+
+    shell.register_magics(ShardlabMagics(shell, session=session))
+    session.status.register_target()
+    return session
+
+
+def unregister(shell: Any) -> None:
+    session = getattr(shell, "_shardlab_session", None)
+    if not isinstance(session, ShardlabSession):
+        return
+    if session.transform in shell.input_transformers_cleanup:
+        shell.input_transformers_cleanup.remove(session.transform)
+    shell.events.unregister("pre_run_cell", session.pre_run_cell)
+    shell.events.unregister("post_run_cell", session.post_run_cell)
+    del shell._shardlab_session
+
+
+def current_session() -> ShardlabSession | None:
+    """The session of the running IPython shell, if shardlab is loaded there."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return None
+    shell = ipython.get_ipython()
+    session = getattr(shell, "_shardlab_session", None)
+    return session if isinstance(session, ShardlabSession) else None

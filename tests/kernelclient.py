@@ -1,0 +1,126 @@
+"""A small driver for a real shardlab kernel process through jupyter_client."""
+
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_client.manager import KernelManager
+
+TIMEOUT = 120
+
+
+@dataclass
+class Execution:
+    reply: dict[str, Any]
+    stdout: str = ""
+    stderr: str = ""
+    results: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    comm_msgs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return self.reply["content"]["status"]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.reply["metadata"]
+
+    @property
+    def text(self) -> str:
+        """The plain-text result of the cell's last expression ('' when none)."""
+        return "".join(r["data"].get("text/plain", "") for r in self.results)
+
+    @property
+    def error_text(self) -> str:
+        return "\n".join(
+            e["ename"] + ": " + e["evalue"] + "\n" + "\n".join(e["traceback"])
+            for e in self.errors
+        )
+
+
+class Kernel:
+    """A running kernel and a blocking client, with execute helpers."""
+
+    def __init__(self, name: str = "shardlab", *, extra_env: dict[str, str] | None = None):
+        import os
+
+        env = dict(os.environ)
+        env.update(extra_env or {})
+        self.manager = KernelManager(kernel_name=name)
+        self.manager.start_kernel(env=env)
+        self.client = self.manager.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=TIMEOUT)
+
+    def execute(
+        self,
+        code: str,
+        *,
+        metadata: dict[str, Any] | None = None,
+        silent: bool = False,
+        timeout: float = TIMEOUT,
+    ) -> Execution:
+        client = self.client
+        content = {
+            "code": code,
+            "silent": silent,
+            "store_history": not silent,
+            "user_expressions": {},
+            "allow_stdin": False,
+            "stop_on_error": False,
+        }
+        msg = client.session.msg("execute_request", content, metadata=metadata or {})
+        client.shell_channel.send(msg)
+        msg_id = msg["header"]["msg_id"]
+        deadline = time.monotonic() + timeout
+        reply = None
+        while reply is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no execute_reply for {code[:60]!r}")
+            candidate = client.get_shell_msg(timeout=remaining)
+            if candidate["parent_header"].get("msg_id") == msg_id:
+                reply = candidate
+        execution = Execution(reply=reply)
+        # Collect iopub output until the kernel is idle for this request.
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                message = client.get_iopub_msg(timeout=max(remaining, 1))
+            except queue.Empty:
+                raise TimeoutError(f"no idle status for {code[:60]!r}") from None
+            if message["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind = message["msg_type"]
+            data = message["content"]
+            if kind == "stream":
+                if data["name"] == "stdout":
+                    execution.stdout += data["text"]
+                else:
+                    execution.stderr += data["text"]
+            elif kind == "execute_result":
+                execution.results.append(data)
+            elif kind == "error":
+                execution.errors.append(data)
+            elif kind == "comm_msg":
+                execution.comm_msgs.append(data)
+            elif kind == "status" and data["execution_state"] == "idle":
+                break
+        return execution
+
+    def ok(self, code: str, **kwargs: Any) -> Execution:
+        """Executes and asserts success, showing the error otherwise."""
+        execution = self.execute(code, **kwargs)
+        assert execution.status == "ok", execution.error_text
+        return execution
+
+    def is_alive(self) -> bool:
+        return self.manager.is_alive()
+
+    def shutdown(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)
