@@ -56,15 +56,10 @@ class Kernel:
         self.client.start_channels()
         self.client.wait_for_ready(timeout=TIMEOUT)
 
-    def execute(
-        self,
-        code: str,
-        *,
-        metadata: dict[str, Any] | None = None,
-        silent: bool = False,
-        timeout: float = TIMEOUT,
-    ) -> Execution:
-        client = self.client
+    def send(
+        self, code: str, *, metadata: dict[str, Any] | None = None, silent: bool = False
+    ) -> str:
+        """Sends an execute request; returns its msg_id (collect the result with wait)."""
         content = {
             "code": code,
             "silent": silent,
@@ -73,15 +68,19 @@ class Kernel:
             "allow_stdin": False,
             "stop_on_error": False,
         }
-        msg = client.session.msg("execute_request", content, metadata=metadata or {})
-        client.shell_channel.send(msg)
-        msg_id = msg["header"]["msg_id"]
+        msg = self.client.session.msg("execute_request", content, metadata=metadata or {})
+        self.client.shell_channel.send(msg)
+        return msg["header"]["msg_id"]
+
+    def wait(self, msg_id: str, *, timeout: float = TIMEOUT, label: str = "") -> Execution:
+        """The reply and output of the request ``msg_id``."""
+        client = self.client
         deadline = time.monotonic() + timeout
         reply = None
         while reply is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"no execute_reply for {code[:60]!r}")
+                raise TimeoutError(f"no execute_reply for {label!r}")
             candidate = client.get_shell_msg(timeout=remaining)
             if candidate["parent_header"].get("msg_id") == msg_id:
                 reply = candidate
@@ -92,7 +91,7 @@ class Kernel:
             try:
                 message = client.get_iopub_msg(timeout=max(remaining, 1))
             except queue.Empty:
-                raise TimeoutError(f"no idle status for {code[:60]!r}") from None
+                raise TimeoutError(f"no idle status for {label!r}") from None
             if message["parent_header"].get("msg_id") != msg_id:
                 continue
             kind = message["msg_type"]
@@ -102,7 +101,7 @@ class Kernel:
                     execution.stdout += data["text"]
                 else:
                     execution.stderr += data["text"]
-            elif kind == "execute_result":
+            elif kind in ("execute_result", "display_data"):
                 execution.results.append(data)
             elif kind == "error":
                 execution.errors.append(data)
@@ -111,6 +110,17 @@ class Kernel:
             elif kind == "status" and data["execution_state"] == "idle":
                 break
         return execution
+
+    def execute(
+        self,
+        code: str,
+        *,
+        metadata: dict[str, Any] | None = None,
+        silent: bool = False,
+        timeout: float = TIMEOUT,
+    ) -> Execution:
+        msg_id = self.send(code, metadata=metadata, silent=silent)
+        return self.wait(msg_id, timeout=timeout, label=code[:60])
 
     def ok(self, code: str, **kwargs: Any) -> Execution:
         """Executes and asserts success, showing the error otherwise."""

@@ -248,6 +248,35 @@ class _PrintFormatter(ast.NodeTransformer):
         return ast.copy_location(call, arg)
 
 
+_UNCONDITIONAL_BINDERS = (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Import, ast.ImportFrom)
+
+
+def _free_reads(body: list[ast.stmt]) -> list[str]:
+    """Names read before the cell surely binds them: the candidate inputs.
+
+    A name bound by an unconditional top-level statement (``y = ...``, an import) before its
+    first read is the cell's own, not an input. Binds inside ``if``/``for``/``with`` are not
+    sure, so a later read of such a name still counts as a read.
+    """
+    reads: list[str] = []
+    bound: set[str] = set()
+    for statement in body:
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                name = node.id
+            elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+                name = node.target.id
+            else:
+                continue
+            if name not in bound and name not in reads:
+                reads.append(name)
+        if isinstance(statement, _UNCONDITIONAL_BINDERS):
+            binder = _Binder()
+            binder.visit(statement)
+            bound.update(binder.binds)
+    return reads
+
+
 def analyse_cell(source: str, *, filename: str, line_offset: int = 0) -> CellSource:
     """Parses and compiles a graph cell.
 
@@ -264,13 +293,7 @@ def analyse_cell(source: str, *, filename: str, line_offset: int = 0) -> CellSou
     binder = _Binder()
     for statement in tree.body:
         binder.visit(statement)
-    reads: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in reads:
-            reads.append(node.id)
-        elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
-            if node.target.id not in reads:
-                reads.append(node.target.id)
+    reads = _free_reads(tree.body)
     has_result = bool(tree.body) and isinstance(tree.body[-1], ast.Expr)
     if has_result:
         last = tree.body[-1]
