@@ -13,7 +13,7 @@ import ctypes
 import gc
 import sys
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -86,7 +86,7 @@ def malloc_trim() -> bool:
 
 
 def _reachable_arrays(
-    roots: Iterable[object], *, max_objects: int = 300_000
+    roots: Iterable[object], *, max_objects: int = 300_000, exclude: frozenset[int] = frozenset()
 ) -> tuple[set[int], bool]:
     """ids of JAX arrays reachable from ``roots`` through containers and object attributes.
 
@@ -94,7 +94,7 @@ def _reachable_arrays(
     and then nothing may be called unreachable).
     """
     found: set[int] = set()
-    seen: set[int] = set()
+    seen: set[int] = set(exclude)
     queue = collections.deque(roots)
     while queue and len(seen) < max_objects:
         obj = queue.popleft()
@@ -192,6 +192,7 @@ def release(
     *,
     delete_named: bool = False,
     delete_unreachable: bool = True,
+    skip_names: Collection[str] = (),
 ) -> ReleaseReport:
     """Frees device and host memory nothing the user can reach still uses.
 
@@ -202,6 +203,8 @@ def release(
             are reported).
         delete_unreachable: delete arrays that neither the namespace nor any imported
             module reaches (typically held by stale tracebacks or hidden caches).
+        skip_names: names in the namespace that are not the user's (IPython's ``In``,
+            ``Out``, ``exit``...): they neither keep arrays alive nor get reported.
     """
     bytes_before = live_bytes_per_device()
     rss_before = process_rss()
@@ -214,39 +217,37 @@ def release(
     deleted = 0
     named: list[str] = []
     if user_namespace is not None:
-        user_ids, _ = _reachable_arrays(
-            v for k, v in user_namespace.items() if not k.startswith("_") or k == "_"
-        )
+        user_items = [
+            (k, v)
+            for k, v in user_namespace.items()
+            if k not in skip_names and (not k.startswith("_") or k == "_")
+        ]
+        user_ids, _ = _reachable_arrays(v for _, v in user_items)
         if delete_named:
-            for name, value in list(user_namespace.items()):
-                if name.startswith("_"):
+            named = [k for k, v in user_items if k != "_" and _reachable_arrays([v])[0]]
+        module_roots = [
+            vars(m) for name, m in list(sys.modules.items()) if m is not None and name != "__main__"
+        ]
+        # The user namespace is reachable from modules too (through the shell object); it
+        # is judged by the rules above, not as a module's own data.
+        module_ids, complete = _reachable_arrays(
+            module_roots, exclude=frozenset({id(user_namespace)})
+        )
+        # A walk cut short proves nothing unreachable: then delete only named arrays.
+        delete_unreachable = delete_unreachable and complete
+        for array in jax.live_arrays():
+            if id(array) in module_ids:
+                continue
+            if id(array) in user_ids:
+                if not delete_named:
                     continue
-                if _reachable_arrays([value])[0]:
-                    named.append(name)
-        if delete_unreachable or delete_named:
-            module_roots = [
-                vars(m)
-                for name, m in list(sys.modules.items())
-                if m is not None and name != "__main__"
-            ]
-            keep, complete = _reachable_arrays(module_roots)
-            # A walk cut short proves nothing unreachable: then delete only named arrays.
-            delete_unreachable = delete_unreachable and complete
-            if not delete_named:
-                keep |= user_ids
-            for array in jax.live_arrays():
-                reachable = id(array) in user_ids
-                if id(array) in keep:
-                    continue
-                if reachable and not delete_named:
-                    continue
-                if not reachable and not delete_unreachable:
-                    continue
-                try:
-                    array.delete()
-                    deleted += 1
-                except Exception:
-                    continue
+            elif not delete_unreachable:
+                continue
+            try:
+                array.delete()
+            except Exception:
+                continue
+            deleted += id(array) not in user_ids
     gc.collect()
     trimmed = malloc_trim()
     platform = jax.devices()[0].platform if jax.devices() else "cpu"

@@ -182,7 +182,13 @@ def release_shell(shell: Any, session: ShardlabSession, *, delete_named: bool = 
         for name in ("_", "__", "___"):
             shell.user_ns.pop(name, None)
     session.graph_cache.clear()
-    return memory.release(shell.user_ns if shell is not None else None, delete_named=delete_named)
+    if shell is None:
+        return memory.release(None)
+    return memory.release(
+        shell.user_ns,
+        delete_named=delete_named,
+        skip_names=frozenset(getattr(shell, "user_ns_hidden", {})),
+    )
 
 
 def _mesh_text(namespace: dict[str, Any]) -> str:

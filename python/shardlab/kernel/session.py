@@ -155,7 +155,9 @@ class ShardlabSession(Configurable):
             self.history.append(HistoryItem(int(count), cell.mode, cell.source))
         error = getattr(result, "error_in_exec", None)
         if error is not None and self.release_after_oom and _is_out_of_memory(error):
-            report = memory.release(self.shell.user_ns)
+            report = memory.release(
+                self.shell.user_ns, skip_names=frozenset(self.shell.user_ns_hidden)
+            )
             print(
                 "[shardlab] the cell ran out of memory; released temporaries and caches:\n"
                 + report.text()
