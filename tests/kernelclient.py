@@ -45,12 +45,21 @@ class Execution:
 class Kernel:
     """A running kernel and a blocking client, with execute helpers."""
 
-    def __init__(self, name: str = "shardlab", *, extra_env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        name: str = "shardlab",
+        *,
+        extra_env: dict[str, str] | None = None,
+        kernel_dirs: list[str] | None = None,
+    ):
         import os
+
+        from jupyter_client.kernelspec import KernelSpecManager
 
         env = dict(os.environ)
         env.update(extra_env or {})
-        self.manager = KernelManager(kernel_name=name)
+        specs = KernelSpecManager(kernel_dirs=kernel_dirs) if kernel_dirs else KernelSpecManager()
+        self.manager = KernelManager(kernel_name=name, kernel_spec_manager=specs)
         self.manager.start_kernel(env=env)
         self.client = self.manager.client()
         self.client.start_channels()

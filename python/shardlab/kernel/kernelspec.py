@@ -70,7 +70,7 @@ def uninstall(name: str) -> str:
     manager = KernelSpecManager()
     try:
         return manager.remove_kernel_spec(name)
-    except NoSuchKernel:
+    except (NoSuchKernel, KeyError):  # jupyter_client raises KeyError for unknown names
         names = sorted(manager.find_kernel_specs())
         raise SystemExit(
             f"no kernelspec named {name!r}; installed: {', '.join(names) or 'none'}"
