@@ -12,6 +12,6 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["JAX_NUM_CPU_DEVICES"] = "8"
 
-import jax  # noqa: E402
+import jax
 
 jax.config.update("jax_num_cpu_devices", 8)

@@ -37,8 +37,7 @@ class Execution:
     @property
     def error_text(self) -> str:
         return "\n".join(
-            e["ename"] + ": " + e["evalue"] + "\n" + "\n".join(e["traceback"])
-            for e in self.errors
+            e["ename"] + ": " + e["evalue"] + "\n" + "\n".join(e["traceback"]) for e in self.errors
         )
 
 

@@ -15,7 +15,9 @@ def test_stock_kernel_with_extension():
         kernel.ok("%load_ext shardlab\nimport jax, jax.numpy as jnp\nx = jnp.arange(4.)")
         graph = kernel.ok("%%graph\ny = x * 3\nprint('sum', y.sum())\ny.sum()")
         assert graph.text == "Array(18., dtype=float32)" and "sum 18.0" in graph.stdout
-        eager = kernel.ok("%%eager\n@jax.jit\ndef f(v):\n    print('concrete', v)\n    return v\nf(x)")
+        eager = kernel.ok(
+            "%%eager\n@jax.jit\ndef f(v):\n    print('concrete', v)\n    return v\nf(x)"
+        )
         assert "concrete [0. 1. 2. 3.]" in eager.stdout
         kernel.ok("%mode graph")
         traced = kernel.ok("t = isinstance(x + 0, jax.core.Tracer)\nt")

@@ -11,22 +11,46 @@ from typing import Any
 from ._version import __version__
 from .engine import GraphCache, GraphStagingError, ModeError, ReleaseReport
 from .engine.devices import DeviceSpecError, SwitchReport
+from .parallel import (
+    DEVICE_PROFILES,
+    Collective,
+    CostBreakdown,
+    DeviceProfile,
+    Layout,
+    MemoryBreakdown,
+    Report,
+    ShardingSpecError,
+    analyze,
+    mesh,
+    predict,
+)
 
 __all__ = [
+    "DEVICE_PROFILES",
+    "Collective",
+    "CostBreakdown",
+    "DeviceProfile",
     "DeviceSpecError",
     "GraphCache",
     "GraphStagingError",
+    "Layout",
+    "MemoryBreakdown",
     "ModeError",
     "ReleaseReport",
+    "Report",
+    "ShardingSpecError",
     "SwitchReport",
     "__version__",
+    "analyze",
     "load_ipython_extension",
+    "mesh",
+    "predict",
     "release",
     "unload_ipython_extension",
 ]
 
 
-def release(*, all: bool = False) -> ReleaseReport:  # noqa: A002 - mirrors %release --all
+def release(*, all: bool = False) -> ReleaseReport:
     """Frees memory like ``%release``: output history, caches, unreachable arrays, heap.
 
     In a notebook (shardlab kernel or ``%load_ext shardlab``) arrays bound to names are kept

@@ -10,6 +10,7 @@ syntactic; whether a read name holds arrays is decided at run time from the name
 from __future__ import annotations
 
 import ast
+import types
 from dataclasses import dataclass
 
 RESULT_NAME = "__shardlab_result__"
@@ -60,7 +61,7 @@ class CellSource:
 
     source: str
     filename: str
-    code: object  # a code object; typed loosely to keep pyright quiet about exec()
+    code: types.CodeType
     reads: tuple[str, ...]
     binds: tuple[str, ...]
     deletes: tuple[str, ...]
@@ -227,13 +228,12 @@ class _PrintFormatter(ast.NodeTransformer):
                 template.append(part.value.replace("{", "{{").replace("}", "}}"))
             elif isinstance(part, ast.FormattedValue):
                 spec = ""
-                if part.format_spec is not None:
-                    if not all(
-                        isinstance(v, ast.Constant) for v in part.format_spec.values
-                    ):  # a nested, computed format spec: leave the f-string alone
-                        return arg
+                format_spec = part.format_spec
+                if isinstance(format_spec, ast.JoinedStr):
+                    if not all(isinstance(v, ast.Constant) for v in format_spec.values):
+                        return arg  # a nested, computed format spec: leave the f-string alone
                     spec = ":" + "".join(
-                        str(v.value) for v in part.format_spec.values if isinstance(v, ast.Constant)
+                        str(v.value) for v in format_spec.values if isinstance(v, ast.Constant)
                     )
                 conversion = "" if part.conversion == -1 else "!" + chr(part.conversion)
                 template.append("{" + str(len(values)) + conversion + spec + "}")

@@ -245,9 +245,7 @@ def _split_inputs(
             static_leaves = tuple(None if i in positions else leaf for i, leaf in enumerate(leaves))
             inputs.append(_Input(name, treedef, positions, static_leaves))
             arrays.extend(leaves[i] for i in positions)
-            key_parts.append(
-                (name, "array", treedef, tuple(_static_key(s) for s in static_leaves))
-            )
+            key_parts.append((name, "array", treedef, tuple(_static_key(s) for s in static_leaves)))
         else:
             statics[name] = value
             key_parts.append((name, "static", _static_key(value)))
@@ -301,7 +299,7 @@ def _make_staged(entry: _Entry, cache: GraphCache) -> Callable[..., Any]:
             count = len(spec.array_positions)
             namespace[spec.name] = _rebuild(spec, arrays[offset : offset + count])
             offset += count
-        exec(cell.code, namespace)  # noqa: S102 - running the user's own cell is the point
+        exec(cell.code, namespace)
         names = tuple(n for n in (*cell.binds, RESULT_NAME) if n in namespace)
         values = tuple(namespace[n] for n in names)
         leaves, treedef = jax.tree_util.tree_flatten(values)

@@ -30,7 +30,9 @@ class ShardlabKernel(IPythonKernel):
 
     @property
     def banner(self) -> str:  # type: ignore[override]
-        return super().banner + f"\nshardlab {__version__}: %mode, %%graph, %release, %devices\n"
+        return (
+            super().banner or ""
+        ) + f"\nshardlab {__version__}: %mode, %%graph, %release, %devices\n"
 
     async def do_execute(  # type: ignore[override]
         self,

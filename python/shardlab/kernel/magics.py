@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import linecache
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ class ShardlabMagics(Magics):
     def __init__(self, shell: Any, *, session: ShardlabSession) -> None:
         super().__init__(shell)
         self.session = session
+        self._graph_sources: dict[tuple[str, int], tuple[str, str]] = {}
 
     # -- modes -----------------------------------------------------------------------------
     @line_magic
@@ -51,7 +53,10 @@ class ShardlabMagics(Magics):
         if history:
             print("last cells:")
             for item in history[-10:]:
-                print(f"  [{item.execution_count}] {item.mode:<5} (from {item.source})")
+                print(
+                    f"  [{item.execution_count}] {item.mode:<5} (from {item.source:<8}) "
+                    f"{item.duration_s * 1e3:9.1f} ms"
+                )
 
     def _run_in_mode(self, mode: str, cell: str) -> Any:
         """Runs ``cell`` in the user namespace under ``mode``; returns its last expression."""
@@ -65,9 +70,9 @@ class ShardlabMagics(Magics):
             last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
         filename = shell.compile.cache(code, shell.execution_count)
         with mode_context(parse_mode(mode)):
-            exec(compile(tree, filename, "exec"), shell.user_ns)  # noqa: S102
+            exec(compile(tree, filename, "exec"), shell.user_ns)
             if last is not None:
-                return eval(compile(last, filename, "eval"), shell.user_ns)  # noqa: S307
+                return eval(compile(last, filename, "eval"), shell.user_ns)
         return None
 
     @cell_magic
@@ -96,13 +101,7 @@ class ShardlabMagics(Magics):
         for token in line.split():
             if token.startswith(_OFFSET_FLAG):
                 offset = int(token[len(_OFFSET_FLAG) :])
-        self.session._in_graph_body = True
-        try:
-            code = shell.transform_cell(cell)
-        finally:
-            self.session._in_graph_body = False
-        cell_text = ("%%graph\n" if offset else "") + cell
-        filename = shell.compile.cache(cell_text, shell.execution_count)
+        code, filename = self._prepared(cell, offset)
         try:
             run = run_graph_cell(
                 code,
@@ -110,15 +109,36 @@ class ShardlabMagics(Magics):
                 cache=self.session.graph_cache,
                 filename=filename,
                 line_offset=offset,
-                cell_text=cell_text,
+                cell_text=("%%graph\n" if offset else "") + cell,
             )
         except GraphStagingError as error:
             raise error.with_traceback(None) from None
         return run.result if run.has_result else None
 
+    def _prepared(self, cell: str, offset: int) -> tuple[str, str]:
+        """The cell's Python source and its traceback filename, cached: re-runs of a graph
+        cell should cost the program, not IPython's tokenizer."""
+        key = (cell, offset)
+        cached = self._graph_sources.get(key)
+        if cached is not None and cached[1] in linecache.cache:
+            return cached
+        shell = self.shell
+        assert shell is not None
+        self.session._in_graph_body = True
+        try:
+            code = shell.transform_cell(cell)
+        finally:
+            self.session._in_graph_body = False
+        cell_text = ("%%graph\n" if offset else "") + cell
+        filename = shell.compile.cache(cell_text, shell.execution_count)
+        if len(self._graph_sources) > 256:
+            self._graph_sources.clear()
+        self._graph_sources[key] = (code, filename)
+        return code, filename
+
     # -- memory ----------------------------------------------------------------------------
     @line_magic
-    def release(self, line: str) -> memory.ReleaseReport:
+    def release(self, line: str) -> None:
         """Free memory: ``%release [--all]``.
 
         Clears IPython's output history (``Out``, ``_``, ``__``, ``___``), the last
@@ -134,7 +154,6 @@ class ShardlabMagics(Magics):
         delete_named = "--all" in args
         report = release_shell(self.shell, self.session, delete_named=delete_named)
         print(report.text())
-        return report
 
     # -- devices ---------------------------------------------------------------------------
     @line_magic
@@ -148,8 +167,10 @@ class ShardlabMagics(Magics):
         install --devices gpu:0,1`` and restart with it.
         """
         arg = line.strip()
+        shell = self.shell
+        assert shell is not None
         if not arg:
-            print(devices_text(self.shell.user_ns))
+            print(devices_text(shell.user_ns))
             return
         try:
             target = parse_devices(arg)
@@ -165,7 +186,7 @@ class ShardlabMagics(Magics):
         assert target.count is not None
         self.session.graph_cache.clear()
         try:
-            report = switch_cpu_devices(target.count, self.shell.user_ns)
+            report = switch_cpu_devices(target.count, shell.user_ns)
         except DeviceSpecError as error:
             raise UsageError(str(error)) from None
         print(report.text())

@@ -18,15 +18,24 @@ from __future__ import annotations
 
 import collections
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from traitlets import Bool, Enum, Instance, Int
-from traitlets.config import Configurable
+from traitlets.config import LoggingConfigurable
 
 from ..engine import memory
 from ..engine.graph import GraphCache
-from ..engine.modes import MODES, Mode, ModeError, ModeSource, parse_mode_magic, resolve_mode
+from ..engine.modes import (
+    MODES,
+    Mode,
+    ModeError,
+    ModeSource,
+    parse_mode,
+    parse_mode_magic,
+    resolve_mode,
+)
 from .status import StatusChannel
 
 _GRAPH_MAGIC = "%%graph --shardlab-line-offset=0\n"
@@ -47,9 +56,10 @@ class HistoryItem:
     execution_count: int
     mode: Mode
     source: ModeSource
+    duration_s: float  # from pre_run_cell to post_run_cell: the cell's own run time
 
 
-class ShardlabSession(Configurable):
+class ShardlabSession(LoggingConfigurable):
     """Modes, caches and hooks of one shell."""
 
     default_mode = Enum(MODES, default_value="jit", help="Mode of cells without a mode.").tag(
@@ -63,9 +73,7 @@ class ShardlabSession(Configurable):
     release_after_oom = Bool(
         True, help="After a cell fails out of memory, release unreachable arrays and caches."
     ).tag(config=True)
-    history_length = Int(20, help="How many cells' effective modes %mode lists.").tag(
-        config=True
-    )
+    history_length = Int(20, help="How many cells' effective modes %mode lists.").tag(config=True)
     shell = Instance("IPython.core.interactiveshell.InteractiveShellABC", allow_none=True)
 
     def __init__(self, shell: Any, **kwargs: Any) -> None:
@@ -75,12 +83,17 @@ class ShardlabSession(Configurable):
         self.silent = False
         self.current: CellMode | None = None
         self.last_mode: Mode | None = None
-        self.history: collections.deque[HistoryItem] = collections.deque(
-            maxlen=self.history_length
-        )
+        self.history: collections.deque[HistoryItem] = collections.deque(maxlen=self.history_length)
         self.status = StatusChannel(self)
         self._eager_context: Any = None
+        self._started = time.perf_counter()
         self._in_graph_body = False
+
+    @property
+    def _shell(self) -> Any:
+        """The shell, which a session always has (``shell`` is optional only as a trait)."""
+        assert self.shell is not None
+        return self.shell
 
     # -- mode resolution -------------------------------------------------------------------
     def begin_cell(self, code: str, cell_meta: dict[str, Any] | None, *, silent: bool) -> None:
@@ -97,7 +110,7 @@ class ShardlabSession(Configurable):
 
     def _resolve(self, code: str, cell_meta: dict[str, Any] | None) -> CellMode:
         try:
-            mode, source = resolve_mode(code, cell_meta, self.default_mode)
+            mode, source = resolve_mode(code, cell_meta, parse_mode(self.default_mode))
         except ModeError as error:
             return CellMode(code, None, None, str(error))
         return CellMode(code, mode, source)
@@ -134,6 +147,7 @@ class ShardlabSession(Configurable):
     def pre_run_cell(self, info: Any) -> None:
         cell = self.mode_of(info.raw_cell or "")
         self.current = cell
+        self._started = time.perf_counter()
         if cell.mode is None:
             return
         if self.last_mode is not None and cell.mode != self.last_mode:
@@ -149,14 +163,15 @@ class ShardlabSession(Configurable):
             context, self._eager_context = self._eager_context, None
             context.__exit__(None, None, None)
         cell, self.current = self.current, None
+        duration = time.perf_counter() - self._started
         if cell is not None and cell.mode is not None and cell.source is not None:
             self.last_mode = cell.mode
-            count = getattr(result, "execution_count", None) or self.shell.execution_count
-            self.history.append(HistoryItem(int(count), cell.mode, cell.source))
+            count = getattr(result, "execution_count", None) or self._shell.execution_count
+            self.history.append(HistoryItem(int(count), cell.mode, cell.source, duration))
         error = getattr(result, "error_in_exec", None)
         if error is not None and self.release_after_oom and _is_out_of_memory(error):
             report = memory.release(
-                self.shell.user_ns, skip_names=frozenset(self.shell.user_ns_hidden)
+                self._shell.user_ns, skip_names=frozenset(self._shell.user_ns_hidden)
             )
             print(
                 "[shardlab] the cell ran out of memory; released temporaries and caches:\n"

@@ -1,13 +1,16 @@
 """The status record and the ``shardlab`` comm that carries it to the front end.
 
 A front end (the lab extension, a test) opens a comm with target ``shardlab``; the kernel
-answers at once with the status record and sends it again after every cell. A message
+answers at once with the status record and sends it again after every cell that changed it
+(mode, devices or per-device bytes; the execution count and duration alone do not count, so
+trivial cells cost no message). A message
 ``{"request": "status"}`` on the comm asks for it on demand. The record is small: default
 mode, last effective mode, devices, per-device live bytes.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +34,7 @@ def status_record(session: ShardlabSession) -> dict[str, Any]:
         "last_mode": last.mode if last else None,
         "last_mode_source": last.source if last else None,
         "execution_count": last.execution_count if last else None,
+        "last_duration_s": last.duration_s if last else None,
         "devices": {
             "platform": devices[0].platform if devices else None,
             "count": len(devices),
@@ -47,6 +51,7 @@ class StatusChannel:
     def __init__(self, session: ShardlabSession) -> None:
         self.session = session
         self.comms: list[Any] = []
+        self._last_key: str | None = None
 
     def register_target(self) -> None:
         kernel = getattr(self.session.shell, "kernel", None)
@@ -71,13 +76,26 @@ class StatusChannel:
         comm.on_close(on_close)
         self._send_to(comm)
 
-    def _send_to(self, comm: Any) -> None:
+    def _send_to(self, comm: Any, record: dict[str, Any] | None = None) -> None:
         try:
-            comm.send({"type": "status", "status": status_record(self.session)})
+            record = record or status_record(self.session)
+            comm.send({"type": "status", "status": record})
         except Exception as error:  # a status update must never break a cell
             self.session.log.warning("shardlab status not sent: %s", error)
 
-    def send(self) -> None:
-        """Sends the status to every open comm (cheap no-op when none is open)."""
+    def send(self, *, force: bool = False) -> None:
+        """Sends the status to every open comm if it changed (no-op when none is open)."""
+        if not self.comms:
+            return
+        try:
+            record = status_record(self.session)
+        except Exception as error:
+            self.session.log.warning("shardlab status not computed: %s", error)
+            return
+        volatile = ("execution_count", "last_duration_s", "last_mode_source")
+        key = json.dumps({k: v for k, v in record.items() if k not in volatile}, sort_keys=True)
+        if key == self._last_key and not force:
+            return
+        self._last_key = key
         for comm in list(self.comms):
-            self._send_to(comm)
+            self._send_to(comm, record)

@@ -1,0 +1,152 @@
+"""``shardlab.predict``: what the cost model expects for a fully specified strategy.
+
+Nothing is compiled: the function is traced to an ``OpGraph``, the given shardings are
+propagated with the per-primitive rules (``propagate.py``), and the collectives that need are
+costed with the alpha-beta model (``cost.py``) in the same units as ``Report``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from shardlab.parallel import layouts as L
+from shardlab.parallel.cost import DeviceProfile, resolve_profile
+from shardlab.parallel.mesh import mesh_shape_of
+from shardlab.parallel.opgraph import Node, OpGraph, build
+from shardlab.parallel.propagate import Propagation, propagate
+from shardlab.parallel.records import CostBreakdown, DeviceMemoryEstimate
+from shardlab.parallel.specs import check_spec, resolve_shardings
+
+Constraints = Mapping[int, Any] | Callable[[Node], Any] | None
+
+
+def _constraint_layouts(
+    graph: OpGraph, constraints: Constraints, mesh: Mesh
+) -> dict[int, L.DimAxes]:
+    if constraints is None:
+        return {}
+    out: dict[int, L.DimAxes] = {}
+    items = (
+        ((n, constraints(n)) for n in graph.nodes)
+        if callable(constraints)
+        else ((graph.nodes[i], s) for i, s in constraints.items())
+    )
+    for node, spec in items:
+        if spec is None:
+            continue
+        if isinstance(spec, NamedSharding):
+            spec = spec.spec
+        var = node.outputs[0]
+        shape = graph.shapes[var]
+        assert isinstance(spec, PartitionSpec)
+        check_spec(spec, shape, mesh, where=f"constraints[{node.index}] ({node.primitive})")
+        out[var] = L.from_spec(spec, len(shape))
+    return out
+
+
+def memory_estimate(graph: OpGraph, prop: Propagation, sizes: Mapping[str, int]):
+    """Per-device parameters, outputs, activations (liveness peak of intermediates), peak."""
+
+    def local(v: int) -> int:
+        dims = prop.layouts[v] or L.replicated(len(graph.shapes[v]))
+        return L.local_bytes(graph.nbytes(v), dims, sizes)
+
+    used = {v for n in graph.nodes if prop.live[n.index] for v in n.inputs}
+    used.update(graph.outputs)
+    params = sum(local(v) for v in dict.fromkeys(graph.inputs) if v in used)
+    outputs = sum(local(v) for v in dict.fromkeys(graph.outputs))
+    last_use: dict[int, int] = {}
+    for n in graph.nodes:
+        if prop.live[n.index]:
+            for v in n.inputs:
+                last_use[v] = n.index
+    keep = set(graph.outputs) | set(graph.inputs)
+    live_bytes = peak = 0
+    for n in graph.nodes:
+        if not prop.live[n.index]:
+            continue
+        for v in n.outputs:
+            live_bytes += local(v)
+        peak = max(peak, live_bytes)
+        for v in set(n.inputs):
+            if last_use.get(v) == n.index and v not in keep and graph.producer(v) >= 0:
+                live_bytes -= local(v)
+    return DeviceMemoryEstimate(
+        parameters=params, outputs=outputs, activations=peak, peak=params + peak
+    )
+
+
+def predict(
+    fn: Callable[..., Any],
+    *args: Any,
+    mesh: Mesh,
+    in_shardings: Any,
+    constraints: Constraints = None,
+    out_shardings: Any = None,
+    device: str | DeviceProfile | None = None,
+    graph: OpGraph | None = None,
+) -> CostBreakdown:
+    """Cost of a fully specified strategy, without compiling.
+
+    Args:
+        fn: the function.
+        *args: example arguments (arrays or ``jax.ShapeDtypeStruct``).
+        mesh: the device mesh.
+        in_shardings: a pytree (prefix) of ``PartitionSpec``/``NamedSharding`` matching
+            ``args``; a ``None`` leaf is taken as replicated.
+        constraints: layouts of intermediates: ``{node index: PartitionSpec}`` (the node's
+            first output, indices of ``OpGraph.nodes``) or a callable ``Node -> spec | None``.
+            ``with_sharding_constraint`` calls inside ``fn`` count as constraints too.
+        out_shardings: optional pytree (prefix) of specs for the outputs.
+        device: a ``DeviceProfile`` or a name in ``DEVICE_PROFILES`` (default: by backend).
+        graph: a prebuilt ``OpGraph`` of ``fn`` (saves tracing again).
+
+    Returns:
+        A ``CostBreakdown``: collectives and wire bytes per kind and per mesh axis,
+        alpha-beta time per axis, per-device flops and compute time, per-device memory.
+
+    Raises:
+        ShardingSpecError: a spec does not fit its argument or the mesh.
+    """
+    profile = resolve_profile(device)
+    sizes = mesh_shape_of(mesh)
+    resolved = resolve_shardings(in_shardings, args, mesh, what="in_shardings")
+    graph = graph if graph is not None else build(fn, *args)
+    ins = [L.from_spec(s, len(shape)) for _, shape, s in resolved]
+    outs = None
+    if out_shardings is not None:
+        out_shape = jax.eval_shape(fn, *args)
+        res = resolve_shardings((out_shardings,), (out_shape,), mesh, what="out_shardings")
+        outs = [None if s is None else L.from_spec(s, len(shape)) for _, shape, s in res]
+    prop = propagate(
+        graph,
+        ins,
+        sizes,
+        profile,
+        constraints=_constraint_layouts(graph, constraints, mesh),
+        output_layouts=outs,
+    )
+    per_axis: dict[str, float] = {}
+    time_axis: dict[str, float] = {}
+    for c in prop.collectives:
+        key = "+".join(c.mesh_axes) or "-"
+        per_axis[key] = per_axis.get(key, 0.0) + c.wire_bytes * c.count
+        t = profile.collective_time(c.kind, c.wire_bytes, c.group_size, c.mesh_axes)
+        time_axis[key] = time_axis.get(key, 0.0) + t * c.count
+    warnings = list(dict.fromkeys(prop.warnings))
+    if any(s is None for _, _, s in resolved):
+        warnings.append("some in_shardings leaves are None: predicted as replicated")
+    return CostBreakdown(
+        collectives=tuple(prop.collectives),
+        comm_bytes_per_axis=per_axis,
+        comm_time_per_axis=time_axis,
+        flops=prop.flops,
+        compute_time=prop.flops / profile.peak_flops,
+        memory=memory_estimate(graph, prop, sizes),
+        device=profile.name,
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,223 @@
+"""Records the parallel core hands to its users: frozen dataclasses with ``to_dict()``.
+
+Views (widgets, docs, tests) render these records, never live arrays or compiled objects, so a
+strategy that was only predicted can be drawn the same way as one that was compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+COLLECTIVE_KINDS = (
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+)
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+class _Record:
+    def to_dict(self) -> dict[str, Any]:
+        """Plain ``dict``/``list``/scalar form, ready for JSON."""
+        out = _plain(self)
+        assert isinstance(out, dict)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective(_Record):
+    """One collective instruction of a compiled program (or one the cost model expects).
+
+    Attributes:
+        kind: one of ``COLLECTIVE_KINDS``.
+        bytes: result bytes per device (tuple results summed).
+        group_size: devices per replica group (2 for a collective-permute pair).
+        mesh_axes: the mesh axis names the groups span.
+        wire_bytes: bytes each device sends on the wire under the ring model.
+        op_name: the jaxpr op name from the instruction metadata ("" when absent).
+        source: the user's ``file:line`` ("" when absent).
+        count: how many times it runs per call (trip count of an enclosing loop, else 1).
+        hlo_name: the instruction name in the HLO text ("" for predicted collectives).
+        shape: the result shape text, e.g. ``f32[8,16]``.
+    """
+
+    kind: str
+    bytes: int
+    group_size: int
+    mesh_axes: tuple[str, ...]
+    wire_bytes: float
+    op_name: str = ""
+    source: str = ""
+    count: int = 1
+    hlo_name: str = ""
+    shape: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryBreakdown(_Record):
+    """Per-device memory of a compiled program, in bytes.
+
+    ``total = argument + output - alias + temp`` (CPU's ``peak_memory_in_bytes`` is not
+    trustworthy, see JAX_NOTES).
+    """
+
+    argument: int
+    output: int
+    alias: int
+    temp: int
+
+    @property
+    def total(self) -> int:
+        return self.argument + self.output - self.alias + self.temp
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "total": self.total}
+
+
+def comm_by_kind(collectives: tuple[Collective, ...]) -> dict[str, float]:
+    """Wire bytes per device summed per collective kind (every kind present, 0 when absent)."""
+    out: dict[str, float] = dict.fromkeys(COLLECTIVE_KINDS, 0.0)
+    for c in collectives:
+        out[c.kind] += c.wire_bytes * c.count
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Report(_Record):
+    """What the compiler actually did: read from the compiled, partitioned HLO.
+
+    Attributes:
+        collectives: one record per collective instruction.
+        memory: per-device memory.
+        flops: per-device flops from ``compiled.cost_analysis()``.
+        input_shardings: the compiler's input shardings, as ``PartitionSpec`` strings per leaf.
+        output_shardings: likewise for outputs.
+        mesh_shape: ``{axis: size}`` of the mesh.
+        hlo: the post-partitioning HLO text.
+    """
+
+    collectives: tuple[Collective, ...]
+    memory: MemoryBreakdown
+    flops: float
+    input_shardings: tuple[str, ...]
+    output_shardings: tuple[str, ...]
+    mesh_shape: dict[str, int]
+    hlo: str = dataclasses.field(repr=False, default="")
+
+    @property
+    def comm_bytes(self) -> dict[str, float]:
+        """Per kind, per device, on the wire (ring model)."""
+        return comm_by_kind(self.collectives)
+
+    @property
+    def total_comm_bytes(self) -> float:
+        return sum(self.comm_bytes.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out.pop("hlo")
+        out["comm_bytes"] = self.comm_bytes
+        out["total_comm_bytes"] = self.total_comm_bytes
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout(_Record):
+    """How one tensor is laid out on a mesh, without any array.
+
+    Attributes:
+        shape: the global shape.
+        dim_axes: per dimension, the mesh axes it is split over (major first).
+        partial: mesh axes over which the values are pending partial sums.
+    """
+
+    shape: tuple[int, ...]
+    dim_axes: tuple[tuple[str, ...], ...]
+    partial: tuple[str, ...] = ()
+
+    @property
+    def spec(self) -> str:
+        parts = []
+        for axes in self.dim_axes:
+            if not axes:
+                parts.append("None")
+            elif len(axes) == 1:
+                parts.append(repr(axes[0]))
+            else:
+                parts.append("(" + ", ".join(repr(a) for a in axes) + ")")
+        return "P(" + ", ".join(parts) + ")"
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceMemoryEstimate(_Record):
+    """Per-device memory the cost model expects, in bytes."""
+
+    parameters: int
+    outputs: int
+    activations: int
+    peak: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CostBreakdown(_Record):
+    """What the cost model expects for a fully specified strategy (nothing compiled).
+
+    Attributes:
+        collectives: the collectives the model expects, with bytes in ``Report`` units.
+        comm_bytes_per_axis: wire bytes per device per mesh axis.
+        comm_time_per_axis: alpha-beta seconds per mesh axis.
+        flops: per-device compute flops.
+        compute_time: ``flops / device peak`` seconds.
+        memory: per-device memory estimate.
+        device: the device profile name used.
+        warnings: primitives the rules did not know (treated as replicated), and similar notes.
+    """
+
+    collectives: tuple[Collective, ...]
+    comm_bytes_per_axis: dict[str, float]
+    comm_time_per_axis: dict[str, float]
+    flops: float
+    compute_time: float
+    memory: DeviceMemoryEstimate
+    device: str
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def comm_bytes(self) -> dict[str, float]:
+        """Per kind, per device, on the wire (the same units as ``Report.comm_bytes``)."""
+        return comm_by_kind(self.collectives)
+
+    @property
+    def total_comm_bytes(self) -> float:
+        return sum(self.comm_bytes.values())
+
+    @property
+    def comm_time(self) -> float:
+        return sum(self.comm_time_per_axis.values())
+
+    @property
+    def time(self) -> float:
+        """Compute plus communication time, with no overlap assumed."""
+        return self.compute_time + self.comm_time
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out.update(
+            comm_bytes=self.comm_bytes,
+            total_comm_bytes=self.total_comm_bytes,
+            comm_time=self.comm_time,
+            time=self.time,
+        )
+        return out
