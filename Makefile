@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.shardlab-installed
 DEVICES ?= cpu:8
 PYTEST_ARGS ?=
+LAB_ARGS ?=
+# JupyterLab refuses to run as root without this (containers, CI machines).
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: setup lab test lint format bench clean
 
@@ -20,8 +23,8 @@ setup: $(STAMP)
 
 ## JupyterLab on notebooks/ with the shardlab kernel (8 simulated CPU devices by default)
 lab: setup
-	$(BIN)/jupyter lab --notebook-dir=notebooks \
-		--MappingKernelManager.default_kernel_name=shardlab
+	$(BIN)/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG) \
+		--MappingKernelManager.default_kernel_name=shardlab $(LAB_ARGS)
 
 ## lint, then every test
 test: setup lint

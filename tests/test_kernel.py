@@ -103,6 +103,9 @@ def test_graph_error_names_line_and_fix_and_keeps_data(kernel):
 
 
 def test_bad_modes_are_clear_errors_and_cells_do_not_run(kernel):
+    cell = kernel.execute("%%mode fast\nran = True")
+    assert cell.status == "error" and "%%mode: unknown mode 'fast'" in cell.errors[0]["evalue"]
+    assert probe(kernel, "%%mode eager\n")[0] == "eager"
     bad = kernel.execute("%mode fast")
     assert bad.status == "error" and "unknown mode 'fast'" in bad.reply["content"]["evalue"]
     assert "'eager', 'jit' and 'graph'" in bad.stderr

@@ -12,7 +12,9 @@ pytestmark = pytest.mark.kernel
 def test_stock_kernel_with_extension():
     kernel = Kernel("python3")
     try:
-        kernel.ok("%load_ext shardlab\nimport jax, jax.numpy as jnp\nx = jnp.arange(4.)")
+        kernel.ok("import jax, jax.numpy as jnp\nx = jnp.arange(4.)")
+        loaded = kernel.ok("%load_ext shardlab")
+        assert "too late" in loaded.stdout and "%devices cpu:N" in loaded.stdout
         graph = kernel.ok("%%graph\ny = x * 3\nprint('sum', y.sum())\ny.sum()")
         assert graph.text == "Array(18., dtype=float32)" and "sum 18.0" in graph.stdout
         eager = kernel.ok(

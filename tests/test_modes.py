@@ -75,3 +75,15 @@ def test_eager_context_runs_jitted_functions_op_by_op():
     with mode_context("jit"):
         f(jnp.ones(3))
     assert "Tracer" not in seen[0] and "Tracer" in seen[1]
+
+
+def test_mode_cell_magic_with_a_name():
+    assert parse_mode_magic("%%mode graph\nx = 1") == ("graph", "x = 1")
+    assert resolve_mode("%%mode eager\nx", {"shardlab": {"mode": "jit"}}, "jit") == (
+        "eager",
+        "magic",
+    )
+    with pytest.raises(ModeError, match="%%mode: unknown mode 'fast'"):
+        parse_mode_magic("%%mode fast\nx = 1")
+    with pytest.raises(ModeError, match="unknown mode ''"):
+        parse_mode_magic("%%mode\nx = 1")

@@ -79,6 +79,24 @@ def load_ipython_extension(ipython: Any) -> None:
     from .kernel.session import register
 
     register(ipython)
+    print(_pinning_note())
+
+
+def _pinning_note() -> str:
+    """What ``%load_ext`` can and cannot do about devices in an already running kernel."""
+    from jax._src import xla_bridge
+
+    note = "shardlab loaded: %mode, %%eager/%%jit/%%graph, %release, %devices."
+    if getattr(xla_bridge, "_backends", None):
+        import jax
+
+        note += (
+            f" JAX is already running on {len(jax.devices())} {jax.devices()[0].platform} "
+            "device(s): pinning devices happens before JAX starts, so here it is too late. "
+            "Use a shardlab kernel (python -m shardlab install --devices cpu:8 | gpu:0,1) "
+            "or switch the CPU device count in-process with %devices cpu:N."
+        )
+    return note
 
 
 def unload_ipython_extension(ipython: Any) -> None:

@@ -267,6 +267,7 @@ def _make_staged(entry: _Entry, cache: GraphCache) -> Callable[..., Any]:
     cell = entry.cell
 
     def staged(arrays: list[Any]) -> tuple[list[Any], list[Any]]:
+        __tracebackhide__ = True
         entry.traces += 1
         cache.total_traces += 1
         prints: list[_Print] = []

@@ -41,18 +41,25 @@ def parse_mode(value: object, *, origin: str = "mode") -> Mode:
 
 
 def parse_mode_magic(cell: str) -> tuple[Mode | None, str]:
-    """Splits a leading ``%%eager``/``%%jit``/``%%graph`` line off a cell.
+    """Splits a leading ``%%eager``/``%%jit``/``%%graph`` (or ``%%mode NAME``) line off a cell.
 
     Returns the mode (``None`` when the cell does not start with a mode magic) and the cell
     body without that line. Blank lines before the magic are allowed, as IPython allows them.
+
+    Raises:
+        ModeError: the cell starts with ``%%mode`` and an unknown (or no) mode name.
     """
     stripped = cell.lstrip("\n")
     first, _, rest = stripped.partition("\n")
     head = first.strip()
     if head.startswith("%%"):
-        name = head[2:].split(None, 1)[0] if len(head) > 2 else ""
+        words = head[2:].split()
+        name = words[0] if words else ""
         if name in MODES:
             return name, rest  # type: ignore[return-value]
+        if name == "mode":
+            value = words[1] if len(words) > 1 else ""
+            return parse_mode(value, origin="%%mode"), rest
     return None, cell
 
 

@@ -133,7 +133,10 @@ class ShardlabSession(LoggingConfigurable):
                 "raise __import__('shardlab.engine.modes', fromlist=['ModeError'])"
                 f".ModeError({cell.error!r})\n"
             ]
-        magic, body = parse_mode_magic(code)
+        try:
+            magic, body = parse_mode_magic(code)
+        except ModeError:  # already reported through cell.error
+            magic, body = None, code
         if cell.mode == "graph":
             if magic == "graph":
                 return lines
