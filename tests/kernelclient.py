@@ -20,6 +20,9 @@ class Execution:
     results: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
     comm_msgs: list[dict[str, Any]] = field(default_factory=list)
+    comm_opens: list[dict[str, Any]] = field(default_factory=list)
+    displays: list[dict[str, Any]] = field(default_factory=list)
+    updates: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def status(self) -> str:
@@ -115,9 +118,38 @@ class Kernel:
                 execution.errors.append(data)
             elif kind == "comm_msg":
                 execution.comm_msgs.append(data)
+            elif kind == "comm_open":
+                execution.comm_opens.append(data)
+            elif kind == "update_display_data":
+                execution.updates.append(data)
             elif kind == "status" and data["execution_state"] == "idle":
                 break
+            if kind == "display_data":
+                execution.displays.append(data)
         return execution
+
+    def send_comm(self, comm_id: str, data: dict[str, Any], *, timeout: float = TIMEOUT):
+        """Sends a comm_msg (as a front end does, e.g. a widget click); returns its outputs."""
+        msg = self.client.session.msg("comm_msg", {"comm_id": comm_id, "data": data})
+        self.client.shell_channel.send(msg)
+        msg_id = msg["header"]["msg_id"]
+        execution = Execution(reply={})
+        deadline = time.monotonic() + timeout
+        while True:
+            message = self.client.get_iopub_msg(timeout=max(deadline - time.monotonic(), 1))
+            if message["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = message["msg_type"], message["content"]
+            if kind == "stream":
+                execution.stdout += content["text"]
+            elif kind == "update_display_data":
+                execution.updates.append(content)
+            elif kind == "display_data":
+                execution.displays.append(content)
+            elif kind == "error":
+                execution.errors.append(content)
+            elif kind == "status" and content["execution_state"] == "idle":
+                return execution
 
     def execute(
         self,

@@ -24,6 +24,7 @@ from .parallel import (
     mesh,
     predict,
 )
+from .widgets import commgraph, memory, show, watch
 
 __all__ = [
     "DEVICE_PROFILES",
@@ -42,11 +43,15 @@ __all__ = [
     "SwitchReport",
     "__version__",
     "analyze",
+    "commgraph",
     "load_ipython_extension",
+    "memory",
     "mesh",
     "predict",
     "release",
+    "show",
     "unload_ipython_extension",
+    "watch",
 ]
 
 

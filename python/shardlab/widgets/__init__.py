@@ -1,0 +1,25 @@
+"""Views of shardlab records: layouts, communication, memory, live watches.
+
+Views render records (``TileMap``, ``Report``, ``CostBreakdown``...), never reach into
+kernel state except through the public API, and always carry a self-contained ``text/html``
+and ``text/plain`` form (no CDN, no lab extension needed: VS Code and saved notebooks show
+them). Live parts are stock ipywidgets controls plus outputs updated in place by display id.
+"""
+
+from __future__ import annotations
+
+from .commgraph import CommGraphView, commgraph
+from .layout import LayoutView, show
+from .memory import MemoryPanel, memory
+from .watch import Watch, watch
+
+__all__ = [
+    "CommGraphView",
+    "LayoutView",
+    "MemoryPanel",
+    "Watch",
+    "commgraph",
+    "memory",
+    "show",
+    "watch",
+]

@@ -1,0 +1,49 @@
+"""Live content as an updatable display, controls as stock ipywidgets.
+
+A view's content is a ``display_data`` output with a ``display_id`` (text/html + text/plain)
+that callbacks update in place: it is saved with the notebook, so the last state shows
+without a kernel, and it renders in VS Code without any extension. Controls (buttons,
+dropdowns) are stock ipywidgets 8.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from ._html import View
+
+
+class LiveDisplay:
+    """One updatable output area."""
+
+    def __init__(self, prefix: str = "shardlab") -> None:
+        self.display_id = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        self.shown = False
+
+    def show(self, view: View) -> None:
+        from IPython.display import display
+
+        display(view, display_id=self.display_id)
+        self.shown = True
+
+    def update(self, view: View) -> None:
+        from IPython.display import update_display
+
+        if not self.shown:
+            self.show(view)
+        else:
+            update_display(view, display_id=self.display_id)
+
+
+def guarded(callback: Any, on_error: Any) -> Any:
+    """Wraps a widget callback so that an exception shows inside the view, never in the void."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return callback(*args, **kwargs)
+        except Exception as error:  # shown to the user in the widget; the kernel keeps going
+            on_error(f"{type(error).__name__}: {error}")
+            return None
+
+    return run

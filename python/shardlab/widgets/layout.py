@@ -1,0 +1,219 @@
+"""The layout view: how an array's tiles map onto the devices of a mesh.
+
+``shardlab.show(x)`` draws a live array; ``shardlab.show((1024, 512), P("data"), mesh=m)``
+draws a layout that does not exist yet. Both go through a ``TileMap`` record.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..parallel.specs import ShardingSpecError
+from ..parallel.tiles import TileMap, tile_map, tile_map_of
+from ._html import View, color, error_html, esc, fmt_bytes, panel
+
+MAX_TILES = 256  # beyond this the view shows a summary instead of every tile
+CELL = 34
+
+
+def _draw_dims(record: TileMap) -> tuple[int, ...]:
+    """Which two dimensions to draw: split ones first, then the largest; others fold."""
+    dims = list(range(len(record.shape)))
+    dims.sort(key=lambda d: (not record.dim_axes[d], -record.shape[d]))
+    return tuple(sorted(dims[:2]))
+
+
+def _tile_groups(record: TileMap) -> dict[tuple[int, ...], int]:
+    return {tile.devices: i for i, tile in enumerate(record.tiles)}
+
+
+def _array_svg(record: TileMap) -> str:
+    """The array's tiles on a grid over the drawn dims; hover shows devices, slices, bytes."""
+    drawn = _draw_dims(record)
+    if len(drawn) == 0:  # a scalar
+        tile = record.tiles[0]
+        return _svg_rect(0, 0, CELL * 2, CELL, 0, tile, record, "scalar")
+    row_dim = drawn[0] if len(drawn) == 2 else None
+    col_dim = drawn[-1]
+    # Distinct (start, stop) per drawn dim give the grid lines.
+    cols = sorted({t.index[col_dim] for t in record.tiles})
+    rows = sorted({t.index[row_dim] for t in record.tiles}) if row_dim is not None else [(0, 1)]
+    width = max(240, min(480, CELL * len(cols)))
+    height = max(CELL, min(320, CELL * len(rows))) if row_dim is not None else CELL
+    parts = []
+    groups = _tile_groups(record)
+    seen: set[tuple[int, int]] = set()
+    for tile in record.tiles:
+        c = cols.index(tile.index[col_dim])
+        r = rows.index(tile.index[row_dim]) if row_dim is not None else 0
+        if (r, c) in seen:  # folded dims: the first tile at this cell represents them
+            continue
+        seen.add((r, c))
+        x0, x1 = width * c / len(cols), width * (c + 1) / len(cols)
+        y0, y1 = height * r / len(rows), height * (r + 1) / len(rows)
+        parts.append(
+            _svg_rect(x0, y0, x1 - x0, y1 - y0, groups[tile.devices], tile, record, "tile")
+        )
+    labels = []
+    if row_dim is not None:
+        labels.append(
+            f"<text x='-4' y='{height / 2}' text-anchor='end' font-size='10'>dim {row_dim}</text>"
+        )
+    labels.append(
+        f"<text x='{width / 2}' y='{height + 12}' text-anchor='middle' font-size='10'>"
+        f"dim {col_dim}</text>"
+    )
+    return (
+        f"<svg class='sl-array' width='{width + 60}' height='{height + 18}' "
+        f"viewBox='-50 0 {width + 60} {height + 18}'>{''.join(parts)}{''.join(labels)}</svg>"
+    )
+
+
+def _svg_rect(
+    x: float, y: float, w: float, h: float, group: int, tile: Any, record: TileMap, cls: str
+) -> str:
+    slices = ", ".join(f"{a}:{b}" for a, b in tile.index)
+    devices = ",".join(map(str, tile.devices))
+    title = (
+        f"devices {devices}\nindex [{slices}]\nshard {record.shard_shape} = "
+        f"{fmt_bytes(record.shard_bytes)} per device"
+    )
+    label = devices if len(devices) <= max(4, int(w / 6)) else f"{len(tile.devices)} dev"
+    return (
+        f"<g class='sl-{cls}' data-devices='{devices}'><title>{esc(title)}</title>"
+        f"<rect x='{x:.1f}' y='{y:.1f}' width='{w:.1f}' height='{h:.1f}' "
+        f"fill='{color(group)}' fill-opacity='0.75' stroke='#333' stroke-width='0.5'/>"
+        f"<text x='{x + w / 2:.1f}' y='{y + h / 2 + 4:.1f}' text-anchor='middle' "
+        f"font-size='10'>{esc(label)}</text></g>"
+    )
+
+
+def _mesh_svg(record: TileMap) -> str:
+    """The mesh: each device coloured by the tile it holds (same colour = same data)."""
+    sizes = [size for _, size in record.mesh_axes]
+    names = [name for name, _ in record.mesh_axes]
+    rows = sizes[0] if len(sizes) >= 2 else 1
+    cols = math.prod(sizes[1:]) if len(sizes) >= 2 else sizes[0]
+    group_of: dict[tuple[int, ...], tuple[int, int]] = {}
+    for group, tile in enumerate(record.tiles):
+        for device, coords in zip(tile.devices, tile.mesh_coords, strict=True):
+            group_of[coords] = (group, device)
+    size = 26
+    parts = []
+    for coords, (group, device) in group_of.items():
+        r = coords[0] if len(coords) >= 2 else 0
+        rest = coords[1:] if len(coords) >= 2 else coords
+        c = 0
+        for index, extent in zip(rest, sizes[1:] if len(sizes) >= 2 else sizes, strict=True):
+            c = c * extent + index
+        where = ", ".join(f"{n}={i}" for n, i in zip(names, coords, strict=True))
+        parts.append(
+            f"<g class='sl-device' data-device='{device}'><title>device {device} ({where})"
+            f"</title><rect x='{c * size}' y='{r * size}' width='{size - 2}' height='{size - 2}'"
+            f" rx='3' fill='{color(group)}' fill-opacity='0.75' stroke='#333' "
+            f"stroke-width='0.5'/><text x='{c * size + (size - 2) / 2}' "
+            f"y='{r * size + size / 2 + 2}' text-anchor='middle' font-size='10'>{device}</text></g>"
+        )
+    axis_text = " × ".join(f"{n}={s}" for n, s in record.mesh_axes)
+    return (
+        f"<svg class='sl-mesh' width='{cols * size}' height='{rows * size + 14}'>"
+        f"{''.join(parts)}<text x='0' y='{rows * size + 11}' font-size='10'>mesh {esc(axis_text)}"
+        f"</text></svg>"
+    )
+
+
+class LayoutView(View):
+    """The layout of one array (or an error naming the dimension and sizes)."""
+
+    def __init__(self, record: TileMap | None, *, error: str | None = None, name: str = ""):
+        self.record = record
+        self.error = error
+        self.name = name
+
+    def text(self) -> str:
+        if self.record is None:
+            return f"layout error: {self.error}"
+        r = self.record
+        lines = [
+            f"{self.name + ': ' if self.name else ''}{r.dtype}{list(r.shape)} {r.spec} on mesh "
+            + " × ".join(f"{n}={s}" for n, s in r.mesh_axes),
+            f"shard {list(r.shard_shape)} = {fmt_bytes(r.shard_bytes)} per device; "
+            f"{len(r.tiles)} distinct tile(s)",
+        ]
+        if r.replicated_axes:
+            lines.append("replicated over " + ", ".join(r.replicated_axes))
+        for tile in r.tiles[:16]:
+            index = ", ".join(f"{a}:{b}" for a, b in tile.index)
+            lines.append(f"  [{index}] on devices {list(tile.devices)}")
+        if len(r.tiles) > 16:
+            lines.append(f"  ... {len(r.tiles) - 16} more tiles")
+        return "\n".join(lines)
+
+    def html(self) -> str:
+        if self.record is None:
+            return error_html("sl-layout", f"layout error: {self.error}")
+        r = self.record
+        replicated = (
+            "replicated over "
+            + ", ".join(f"<b>{esc(a)}</b>" for a in r.replicated_axes)
+            + f" (each tile on {math.prod(dict(r.mesh_axes)[a] for a in r.replicated_axes)}"
+            " devices)"
+            if r.replicated_axes
+            else "no replication: every device holds a different tile"
+        )
+        head = (
+            f"<div>{esc(self.name + ': ' if self.name else '')}<code>{esc(r.dtype)}"
+            f"{esc(list(r.shape))}</code> <code>{esc(r.spec)}</code> — shard "
+            f"<code>{esc(list(r.shard_shape))}</code>, {fmt_bytes(r.shard_bytes)} per device "
+            f"(total {fmt_bytes(r.total_bytes)})</div><div class='sl-note'>{replicated}</div>"
+        )
+        if len(r.tiles) > MAX_TILES:
+            body = (
+                f"<div class='sl-note sl-summary'>{len(r.tiles)} tiles: more than the "
+                f"{MAX_TILES} this view draws; the text form lists the first 16.</div>"
+            )
+        else:
+            folded = [d for d in range(len(r.shape)) if d not in _draw_dims(r)]
+            fold_note = (
+                f"<div class='sl-note'>dims {folded} folded (tiles along them are stacked)</div>"
+                if folded
+                else ""
+            )
+            body = (
+                "<div style='display:flex;gap:24px;align-items:flex-start'>"
+                f"{_mesh_svg(r)}{_array_svg(r)}</div>{fold_note}"
+            )
+        return panel("sl-layout", head + body, title="layout")
+
+
+def show(
+    x_or_shape: Any, spec: Any = None, *, mesh: Any = None, dtype: Any = "float32", name: str = ""
+) -> LayoutView:
+    """Draws how an array is (or would be) laid out on a mesh.
+
+    Args:
+        x_or_shape: a JAX array (its live sharding is drawn) or a shape tuple.
+        spec: a ``PartitionSpec`` for a shape (ignored for a live array).
+        mesh: the mesh for a shape and spec.
+        dtype: element type for a shape (for shard bytes).
+        name: a label.
+
+    A spec that does not fit shows an error naming the dimension and axis sizes.
+    """
+    import jax
+
+    if isinstance(x_or_shape, jax.Array):
+        return LayoutView(tile_map_of(x_or_shape), name=name)
+    if mesh is None:
+        return LayoutView(
+            None, error="show(shape, spec, mesh=...) needs a mesh, e.g. shardlab.mesh(data=8)"
+        )
+    try:
+        shape = tuple(getattr(x_or_shape, "shape", x_or_shape))
+        dtype = getattr(x_or_shape, "dtype", dtype)
+        return LayoutView(tile_map(shape, spec, mesh, dtype=dtype), name=name)
+    except ShardingSpecError as error:
+        return LayoutView(None, error=str(error), name=name)
+    except TypeError as error:
+        return LayoutView(None, error=f"cannot draw {x_or_shape!r} with spec {spec!r}: {error}")
