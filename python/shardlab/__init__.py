@@ -24,7 +24,7 @@ from .parallel import (
     mesh,
     predict,
 )
-from .widgets import commgraph, memory, show, watch
+from .widgets import commgraph, editor, memory, show, watch
 
 __all__ = [
     "DEVICE_PROFILES",
@@ -44,6 +44,7 @@ __all__ = [
     "__version__",
     "analyze",
     "commgraph",
+    "editor",
     "load_ipython_extension",
     "memory",
     "mesh",

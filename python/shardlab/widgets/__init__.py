@@ -9,6 +9,7 @@ them). Live parts are stock ipywidgets controls plus outputs updated in place by
 from __future__ import annotations
 
 from .commgraph import CommGraphView, commgraph
+from .editor import StrategyEditor, editor
 from .layout import LayoutView, show
 from .memory import MemoryPanel, memory
 from .watch import Watch, watch
@@ -17,8 +18,10 @@ __all__ = [
     "CommGraphView",
     "LayoutView",
     "MemoryPanel",
+    "StrategyEditor",
     "Watch",
     "commgraph",
+    "editor",
     "memory",
     "show",
     "watch",

@@ -132,8 +132,8 @@ class CommGraphView(View):
                 f" fill='{KIND_COLORS.get(c.kind, '#888')}'/></g>"
             )
         return (
-            f"<div>{esc(label)}</div><svg class='sl-strip' width='{len(collectives) * width}' "
-            f"height='{height}'>{''.join(bars)}</svg>"
+            f"<div>{esc(label)}</div><svg class='sl-strip' style='display:block' "
+            f"width='{len(collectives) * width}' height='{height}'>{''.join(bars)}</svg>"
         )
 
     def html(self) -> str:

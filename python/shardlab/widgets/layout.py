@@ -117,7 +117,8 @@ def _mesh_svg(record: TileMap) -> str:
         )
     axis_text = " × ".join(f"{n}={s}" for n, s in record.mesh_axes)
     return (
-        f"<svg class='sl-mesh' width='{cols * size}' height='{rows * size + 14}'>"
+        f"<svg class='sl-mesh' width='{max(cols * size, 8 * len(axis_text) + 40)}' "
+        f"height='{rows * size + 14}'>"
         f"{''.join(parts)}<text x='0' y='{rows * size + 11}' font-size='10'>mesh {esc(axis_text)}"
         f"</text></svg>"
     )

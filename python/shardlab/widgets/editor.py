@@ -1,0 +1,355 @@
+"""``shardlab.editor(fn, *args, mesh=m)``: edit a sharding strategy and see it change live.
+
+For each input leaf, one dropdown per dimension chooses the mesh axes it is split over.
+Every edit updates, within the prediction's time (no compile): communication per kind,
+per-device memory, estimated step time and what changed since the previous strategy. The
+compiled figures follow from a background thread; a newer edit supersedes a stale compile.
+Auto runs ``shardlab.search`` with a progress bar (Stop returns the best plan so far),
+Reset goes back to the initial strategy, Export code shows the PartitionSpecs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+import jax
+from jax.sharding import PartitionSpec
+
+from ..parallel.records import COLLECTIVE_KINDS
+from ..parallel.specs import ShardingSpecError, spec_entries
+from ._html import KIND_COLORS, View, esc, fmt_bytes, fmt_time, panel, table
+from ._live import LiveDisplay, guarded
+from .strategy import CompileResult, EditorModel, Evaluation, diff
+
+
+class EditorView(View):
+    """The editor's figures: a record view of the current evaluation and compile."""
+
+    def __init__(
+        self,
+        evaluation: Evaluation | None,
+        *,
+        changes: list[str],
+        compiled: CompileResult | None,
+        compiling: bool,
+        error: str | None,
+        code: str | None = None,
+        status: str = "",
+    ) -> None:
+        self.evaluation = evaluation
+        self.changes = changes
+        self.compiled = compiled
+        self.compiling = compiling
+        self.error = error
+        self.code = code
+        self.status = status
+
+    def _compile_line(self) -> str:
+        if self.compiling:
+            return "compiling in the background…"
+        if self.compiled is None:
+            return "not compiled"
+        if self.compiled.error:
+            return f"compile failed: {self.compiled.error}"
+        report = self.compiled.report
+        assert report is not None
+        return (
+            f"compiled in {self.compiled.seconds:.2f} s: {len(report.collectives)} collectives, "
+            f"{report.total_comm_bytes:,.0f} wire bytes, memory {report.memory.total:,} B per "
+            "device"
+        )
+
+    def text(self) -> str:
+        lines = []
+        if self.error:
+            lines.append(f"invalid choice (last valid strategy kept): {self.error}")
+        if self.evaluation is not None:
+            cost = self.evaluation.cost
+            lines.append(
+                f"strategy #{self.evaluation.generation}: predicted step "
+                f"{cost.time * 1e3:.3f} ms (compute {cost.compute_time * 1e3:.3f}, comm "
+                f"{cost.comm_time * 1e3:.3f}), peak memory {cost.memory.peak:,} B per device"
+            )
+            for kind, value in cost.comm_bytes.items():
+                if value:
+                    lines.append(f"  {kind}: {value:,.0f} B")
+            lines.extend("  changed: " + c for c in self.changes)
+        lines.append(self._compile_line())
+        if self.status:
+            lines.append(self.status)
+        if self.code:
+            lines.append(self.code)
+        return "\n".join(lines)
+
+    def html(self) -> str:
+        parts = []
+        if self.error:
+            parts.append(
+                f"<div class='sl-error sl-edit-error'>invalid choice (last valid strategy kept):"
+                f" {esc(self.error)}</div>"
+            )
+        if self.evaluation is not None:
+            cost = self.evaluation.cost
+            rows = [
+                [kind, f"{cost.comm_bytes.get(kind, 0):,.0f}"]
+                for kind in COLLECTIVE_KINDS
+                if cost.comm_bytes.get(kind, 0)
+            ] or [["none", "0"]]
+            memory = cost.memory
+            peak = max(memory.peak, 1)
+            bars = "".join(
+                f"<div>{esc(name)} <span style='display:inline-block;height:10px;width:"
+                f"{max(1, int(200 * value / peak))}px;background:{color}'></span> "
+                f"{fmt_bytes(value)}</div>"
+                for name, value, color in (
+                    ("parameters", memory.parameters, "#0072B2"),
+                    ("activations", memory.activations, "#E69F00"),
+                    ("peak", memory.peak, "#D55E00"),
+                )
+            )
+            parts.append(
+                f"<div class='sl-time'>strategy #{self.evaluation.generation}: predicted step "
+                f"<b>{fmt_time(cost.time)}</b> (compute {fmt_time(cost.compute_time)}, "
+                f"communication {fmt_time(cost.comm_time)}; predicted in "
+                f"{self.evaluation.seconds * 1e3:.0f} ms)</div>"
+                "<div style='display:flex;gap:24px'><div><b>communication per kind</b> "
+                "(bytes per device on the wire)"
+                + table(["kind", "bytes"], rows, cls="sl-comm")
+                + f"</div><div class='sl-membars'><b>memory per device</b>{bars}</div></div>"
+            )
+            if self.changes:
+                parts.append(
+                    "<div class='sl-diff'><b>changed:</b> "
+                    + "; ".join(esc(c) for c in self.changes)
+                    + "</div>"
+                )
+            legend = " ".join(
+                f"<span style='color:{KIND_COLORS[k]}'>■</span>{esc(k)}" for k in COLLECTIVE_KINDS
+            )
+            parts.append(f"<div class='sl-note'>{legend}</div>")
+        parts.append(f"<div class='sl-compile'>{esc(self._compile_line())}</div>")
+        if self.status:
+            parts.append(f"<div class='sl-status'>{esc(self.status)}</div>")
+        if self.code:
+            parts.append(f"<pre class='sl-code'>{esc(self.code)}</pre>")
+        return panel("sl-editor", "".join(parts), title="strategy editor")
+
+
+def _choices(axes: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
+    options: list[tuple[str, tuple[str, ...]]] = [("—", ())]
+    options += [(a, (a,)) for a in axes]
+    options += [("+".join(p), p) for p in itertools.permutations(axes, 2)]
+    return options
+
+
+class StrategyEditor:
+    """The editor widget: controls (stock ipywidgets) over a live figures display."""
+
+    def __init__(
+        self, fn: Any, *args: Any, mesh: Any, in_shardings: Any = None, device: Any = None,
+        compile: bool = True,
+    ) -> None:  # fmt: skip
+        import ipywidgets as w
+
+        self.model = EditorModel(fn, args, mesh, device)
+        self.display = LiveDisplay("shardlab-editor")
+        self.compile_in_background = compile
+        self.error: str | None = None
+        self.status = ""
+        self.code: str | None = None
+        self.compiled: CompileResult | None = None
+        self.compiling = False
+        self._stop = threading.Event()
+        self._syncing = False
+        options = _choices(self.model.axes)
+        self.dropdowns: list[list[Any]] = []
+        rows = []
+        for index, leaf in enumerate(self.model.leaves):
+            per_dim = []
+            for dim in range(len(leaf.shape)):
+                dropdown = w.Dropdown(
+                    options=options, value=(), description=f"dim {dim} ({leaf.shape[dim]})",
+                    style={"description_width": "initial"}, layout=w.Layout(width="170px"),
+                )  # fmt: skip
+                dropdown.observe(
+                    guarded(self._on_change(index, dim), self._show_error), names="value"
+                )
+                per_dim.append(dropdown)
+            self.dropdowns.append(per_dim)
+            label = w.HTML(f"<code>{esc(leaf.label)}</code> {esc(leaf.dtype)}{list(leaf.shape)}")
+            rows.append(w.HBox([label, *per_dim]))
+        self.auto_button = w.Button(description="Auto", icon="magic", tooltip="shardlab.search")
+        self.stop_button = w.Button(description="Stop", icon="stop", disabled=True)
+        self.reset_button = w.Button(description="Reset", icon="undo")
+        self.export_button = w.Button(description="Export code", icon="code")
+        self.progress = w.FloatProgress(value=0.0, min=0.0, max=1.0, description="search")
+        self.auto_button.on_click(guarded(lambda _: self.auto(), self._show_error))
+        self.stop_button.on_click(guarded(lambda _: self._stop.set(), self._show_error))
+        self.reset_button.on_click(guarded(lambda _: self.reset(), self._show_error))
+        self.export_button.on_click(guarded(lambda _: self.export(), self._show_error))
+        buttons = w.HBox(
+            [self.auto_button, self.stop_button, self.reset_button, self.export_button,
+             self.progress]
+        )  # fmt: skip
+        self.controls = w.VBox([*rows, buttons])
+        initial = self._initial_specs(in_shardings)
+        self.initial = initial
+        self.model.set_all(initial)
+        self._sync_dropdowns()
+        self._after_edit()
+
+    # -- state -----------------------------------------------------------------------------
+    def _initial_specs(self, in_shardings: Any) -> list[PartitionSpec]:
+        if in_shardings is None:
+            return [PartitionSpec() for _ in self.model.leaves]
+        from ..parallel.specs import resolve_shardings
+
+        resolved = resolve_shardings(
+            in_shardings, self.model.args, self.model.mesh, what="in_shardings"
+        )
+        specs: list[PartitionSpec] = []
+        for _, _, sharding in resolved:
+            spec = getattr(sharding, "spec", sharding)
+            specs.append(spec if isinstance(spec, PartitionSpec) else PartitionSpec())
+        return specs
+
+    def _sync_dropdowns(self) -> None:
+        self._syncing = True
+        try:
+            for per_dim, spec in zip(self.dropdowns, self.model.specs, strict=True):
+                entries = spec_entries(spec)
+                for dim, dropdown in enumerate(per_dim):
+                    value = tuple(entries[dim]) if dim < len(entries) else ()
+                    if value not in [v for _, v in dropdown.options]:
+                        dropdown.options = [*dropdown.options, ("+".join(value), value)]
+                    dropdown.value = value
+        finally:
+            self._syncing = False
+
+    def _on_change(self, index: int, dim: int) -> Any:
+        def handler(change: dict[str, Any]) -> None:
+            if self._syncing:
+                return
+            self.edit(index, dim, tuple(change["new"]))
+
+        return handler
+
+    # -- actions ---------------------------------------------------------------------------
+    def edit(self, index: int, dim: int, axes: tuple[str, ...]) -> None:
+        """What a dropdown change does (also callable from code and tests)."""
+        try:
+            self.model.edit(index, dim, axes)
+        except ShardingSpecError as error:
+            self.error = str(error)
+            self._refresh()
+            return
+        self.error = None
+        self._after_edit()
+
+    def _after_edit(self) -> None:
+        self.code = None
+        if self.compile_in_background:
+            self.compiling = True
+            self.model.compile(self._on_compiled)
+        self._refresh()
+
+    def _on_compiled(self, result: CompileResult) -> None:
+        if result.superseded:
+            return  # a newer edit is compiling; its result will come
+        self.compiled, self.compiling = result, False
+        self._refresh()
+
+    def reset(self) -> None:
+        self.model.set_all(list(self.initial))
+        self.error, self.status = None, "reset to the initial strategy"
+        self._sync_dropdowns()
+        self._after_edit()
+
+    def export(self) -> None:
+        self.code = self.model.code()
+        self._refresh()
+
+    def auto(self) -> threading.Thread:
+        """Runs the strategy search in the background; Stop keeps the best plan so far."""
+        import shardlab
+
+        search = getattr(shardlab, "search", None)
+        if search is None:
+            raise RuntimeError("shardlab.search is not available in this version")
+        self._stop.clear()
+        self.auto_button.disabled, self.stop_button.disabled = True, False
+        self.status = "searching…"
+        self._refresh()
+
+        def progress(fraction: float, message: str) -> None:
+            self.progress.value = max(0.0, min(1.0, float(fraction)))
+            self.progress.description = "search"
+            if self._stop.is_set():
+                raise KeyboardInterrupt
+
+        def job() -> None:
+            try:
+                plan = search(
+                    self.model.fn, *self.model.args, mesh=self.model.mesh, method="auto",
+                    device=self.model.device, progress=progress,
+                )  # fmt: skip
+                specs = [
+                    getattr(s, "spec", PartitionSpec())
+                    for s in jax.tree_util.tree_leaves(
+                        plan.in_shardings, is_leaf=lambda x: hasattr(x, "spec") or x is None
+                    )
+                ]
+                self.model.set_all(specs)
+                self._sync_dropdowns()
+                method = getattr(plan, "method", "auto")
+                partial = (
+                    " (stopped early: best plan so far)"
+                    if getattr(plan, "interrupted", False)
+                    else ""
+                )
+                self.status = f"Auto: plan from method {method!r}{partial}"
+                self.progress.value = 1.0
+                self._after_edit()
+            except Exception as error:  # shown in the editor
+                self._show_error(f"{type(error).__name__}: {error}")
+            finally:
+                self.auto_button.disabled, self.stop_button.disabled = False, True
+
+        thread = threading.Thread(target=job, name="shardlab-editor-search", daemon=True)
+        thread.start()
+        return thread
+
+    # -- display ---------------------------------------------------------------------------
+    def view(self) -> EditorView:
+        current, previous = self.model.current, self.model.previous
+        changes = diff(previous.cost if previous else None, current.cost) if current else []
+        return EditorView(
+            current, changes=changes, compiled=self.compiled, compiling=self.compiling,
+            error=self.error, code=self.code, status=self.status,
+        )  # fmt: skip
+
+    def _refresh(self) -> None:
+        if self.display.shown:
+            self.display.update(self.view())
+
+    def _show_error(self, message: str) -> None:
+        self.error = message
+        self._refresh()
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.controls)
+        self.display.show(self.view())
+
+
+def editor(
+    fn: Any, *args: Any, mesh: Any, in_shardings: Any = None, device: Any = None,
+    compile: bool = True,
+) -> StrategyEditor:  # fmt: skip
+    """An interactive sharding-strategy editor for ``fn(*args)`` on ``mesh``."""
+    return StrategyEditor(
+        fn, *args, mesh=mesh, in_shardings=in_shardings, device=device, compile=compile
+    )

@@ -1,0 +1,202 @@
+"""The strategy editor's model: a strategy being edited, its predicted cost, and the diff.
+
+No widgets here: ``EditorModel`` holds the per-leaf specs, validates an edit (an invalid
+choice keeps the last valid strategy and returns the error naming dimension and axis),
+predicts the cost with a graph traced once (fast: no compile), and compiles in the
+background on request, where a newer edit supersedes a stale compile.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, PartitionSpec
+
+from ..parallel import analyze, predict
+from ..parallel.opgraph import build
+from ..parallel.records import CostBreakdown, Report
+from ..parallel.specs import ShardingSpecError, check_spec, spec_entries
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One array argument of the function: its path label and shape."""
+
+    label: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The figures of one valid strategy."""
+
+    generation: int
+    specs: tuple[PartitionSpec, ...]
+    cost: CostBreakdown
+    seconds: float  # how long the prediction took
+
+
+@dataclass
+class CompileResult:
+    generation: int
+    report: Report | None = None
+    error: str | None = None
+    seconds: float = 0.0
+    superseded: bool = False
+
+
+@dataclass
+class EditorModel:
+    """Strategy state for ``fn(*args)`` on ``mesh``."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    mesh: Mesh
+    device: Any = None
+    leaves: tuple[Leaf, ...] = field(init=False)
+    specs: list[PartitionSpec] = field(init=False)
+    generation: int = field(default=0, init=False)
+    current: Evaluation | None = field(default=None, init=False)
+    previous: Evaluation | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        flat = jax.tree_util.tree_flatten_with_path(self.args)[0]
+        self.leaves = tuple(
+            Leaf(_label(path), tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", "")))
+            for path, x in flat
+        )
+        self._treedef = jax.tree_util.tree_structure(self.args)
+        self.specs = [PartitionSpec() for _ in self.leaves]
+        self.graph = build(self.fn, *self.args)  # traced once; every edit reuses it
+        self._lock = threading.Lock()
+        self._latest_compile: CompileResult | None = None
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return tuple(str(a) for a in self.mesh.axis_names)
+
+    def in_shardings(self, specs: list[PartitionSpec] | None = None) -> Any:
+        return jax.tree_util.tree_unflatten(self._treedef, list(specs or self.specs))
+
+    def set_all(self, specs: list[PartitionSpec]) -> Evaluation:
+        """Replaces the whole strategy (e.g. from a plan); validated like an edit."""
+        for leaf, spec in zip(self.leaves, specs, strict=True):
+            check_spec(spec, leaf.shape, self.mesh, where=f"argument {leaf.label}")
+        return self._evaluate(list(specs))
+
+    def edit(self, leaf_index: int, dim: int, axes: tuple[str, ...]) -> Evaluation:
+        """Splits dimension ``dim`` of leaf ``leaf_index`` over ``axes`` (``()``: none).
+
+        Raises:
+            ShardingSpecError: the choice does not fit (the dimension is not divisible, an
+                axis is already used by another dimension...). The strategy is unchanged.
+        """
+        leaf = self.leaves[leaf_index]
+        entries = spec_entries(self.specs[leaf_index])
+        entries += [()] * (len(leaf.shape) - len(entries))
+        entries[dim] = tuple(axes)
+        spec = PartitionSpec(*[(e[0] if len(e) == 1 else (e or None)) for e in entries])
+        check_spec(spec, leaf.shape, self.mesh, where=f"argument {leaf.label}")
+        specs = list(self.specs)
+        specs[leaf_index] = spec
+        return self._evaluate(specs)
+
+    def _evaluate(self, specs: list[PartitionSpec]) -> Evaluation:
+        start = time.perf_counter()
+        cost = predict(
+            self.fn,
+            *self.args,
+            mesh=self.mesh,
+            in_shardings=self.in_shardings(specs),
+            device=self.device,
+            graph=self.graph,
+        )
+        with self._lock:
+            self.generation += 1
+            self.specs = specs
+            self.previous, self.current = (
+                self.current,
+                Evaluation(self.generation, tuple(specs), cost, time.perf_counter() - start),
+            )
+            return self.current
+
+    def compile(self, on_done: Callable[[CompileResult], None] | None = None) -> threading.Thread:
+        """Compiles the current strategy in a background thread.
+
+        ``on_done`` receives the result; a result whose strategy is no longer current is
+        marked ``superseded`` (the view ignores it).
+        """
+        generation, specs = self.generation, list(self.specs)
+
+        def job() -> None:
+            start = time.perf_counter()
+            result = CompileResult(generation)
+            try:
+                result.report = analyze(
+                    self.fn, *self.args, mesh=self.mesh, in_shardings=self.in_shardings(specs)
+                )
+            except Exception as error:  # shown in the editor; the kernel keeps running
+                result.error = f"{type(error).__name__}: {error}"
+            result.seconds = time.perf_counter() - start
+            with self._lock:
+                result.superseded = generation != self.generation
+                if not result.superseded:
+                    self._latest_compile = result
+            if on_done is not None:
+                on_done(result)
+
+        thread = threading.Thread(target=job, name="shardlab-editor-compile", daemon=True)
+        thread.start()
+        return thread
+
+    def code(self) -> str:
+        """Python source with the PartitionSpecs of the current strategy, ready to paste.
+
+        ``in_shardings`` has the structure of the arguments, so it can be passed to
+        ``jax.jit(fn, in_shardings=...)`` (with a mesh set) or ``shardlab.analyze``.
+        """
+        tree = repr(self.in_shardings()).replace("PartitionSpec(", "P(")
+        lines = [
+            "from jax.sharding import PartitionSpec as P",
+            "",
+            "# " + ", ".join(f"{k}={v}" for k, v in self.mesh.shape.items()) + " mesh",
+            f"in_shardings = {tree}",
+            "",
+            "# per argument leaf:",
+        ]
+        for leaf, spec in zip(self.leaves, self.specs, strict=True):
+            lines.append(f"#   {leaf.label}: {leaf.dtype}{list(leaf.shape)} -> {spec}")
+        return "\n".join(lines)
+
+
+def _label(path: tuple[Any, ...]) -> str:
+    parts = []
+    for key in path:
+        name = getattr(key, "key", getattr(key, "idx", getattr(key, "name", key)))
+        parts.append(str(name))
+    return "/".join(parts) or "arg"
+
+
+def diff(before: CostBreakdown | None, after: CostBreakdown) -> list[str]:
+    """What changed between two predictions, in words."""
+    if before is None:
+        return []
+    out = []
+    for kind in after.comm_bytes:
+        b, a = before.comm_bytes.get(kind, 0.0), after.comm_bytes[kind]
+        if abs(a - b) > 0.5:
+            out.append(f"{kind}: {b:,.0f} → {a:,.0f} B")
+    if before.memory.peak != after.memory.peak:
+        out.append(f"peak memory per device: {before.memory.peak:,} → {after.memory.peak:,} B")
+    if abs(before.time - after.time) > 1e-9:
+        out.append(f"step time: {before.time * 1e3:.3f} → {after.time * 1e3:.3f} ms")
+    return out or ["no change in the predicted figures"]
+
+
+__all__ = ["EditorModel", "Evaluation", "Leaf", "ShardingSpecError", "diff"]

@@ -1,0 +1,153 @@
+"""The strategy editor: its model in-process, and the widget in a real kernel."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import shardlab
+from kernelclient import Kernel
+from shardlab.parallel.specs import ShardingSpecError
+from shardlab.widgets.editor import EditorView
+from shardlab.widgets.strategy import EditorModel, diff
+
+
+def loss(params, x):
+    for w1, w2 in params:
+        x = jnp.tanh(x @ w1) @ w2
+    return (x**2).mean()
+
+
+@pytest.fixture(scope="module")
+def model():
+    mesh = shardlab.mesh(data=2, model=4)
+    params = [(jnp.ones((64, 256)) * 0.01, jnp.ones((256, 64)) * 0.01) for _ in range(2)]
+    return EditorModel(jax.grad(loss), (params, jnp.ones((30, 64))), mesh)
+
+
+def test_edits_update_prediction_and_diff(model):
+    first = model.set_all([P()] * 4 + [P("data")])
+    assert first.cost.comm_bytes["all-reduce"] > 0  # data parallel: gradients all-reduced
+    second = model.edit(0, 1, ("model",))
+    assert second.generation == first.generation + 1
+    changes = diff(first.cost, second.cost)
+    assert any(c.startswith("all-reduce:") for c in changes)
+    # the prediction is the cost model's, the same as shardlab.predict with those specs
+    direct = shardlab.predict(
+        model.fn, *model.args, mesh=model.mesh, in_shardings=model.in_shardings()
+    )
+    assert direct.comm_bytes == second.cost.comm_bytes
+
+
+def test_invalid_edit_keeps_last_valid_strategy(model):
+    model.set_all([P(None, "model"), P(), P(), P(), P("data")])
+    before, generation = list(model.specs), model.generation
+    with pytest.raises(ShardingSpecError, match="mesh axis 'model' is used twice"):
+        model.edit(0, 0, ("model",))
+    with pytest.raises(ShardingSpecError, match="dimension 0 has size 30, not divisible by 4"):
+        model.edit(4, 0, ("model",))
+    assert model.specs == before and model.generation == generation
+
+
+def test_background_compile_and_supersede(model):
+    model.set_all([P()] * 4 + [P("data")])
+    results: list = []
+    stale = model.compile(results.append)
+    model.edit(4, 0, ())  # a newer edit before the compile finished (or just after)
+    fresh = model.compile(results.append)
+    stale.join(60)
+    fresh.join(60)
+    by_generation = {r.generation: r for r in results}
+    assert by_generation[model.generation].superseded is False
+    report = by_generation[model.generation].report
+    assert report is not None and report.total_comm_bytes == pytest.approx(0.0, abs=1)
+    older = [r for g, r in by_generation.items() if g != model.generation]
+    assert all(r.superseded for r in older)
+
+
+def test_exported_code_runs_and_matches(model):
+    model.set_all([P(None, "model"), P("model", None)] * 2 + [P("data")])
+    namespace: dict = {}
+    exec(model.code(), namespace)
+    shardings = jax.tree.map(
+        lambda s: NamedSharding(model.mesh, s),
+        namespace["in_shardings"],
+        is_leaf=lambda x: isinstance(x, P),
+    )
+    got = jax.jit(model.fn, in_shardings=shardings)(*model.args)
+    want = model.fn(*model.args)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+
+
+def test_editor_view_text_and_html(model):
+    evaluation = model.set_all([P()] * 4 + [P("data")])
+    view = EditorView(evaluation, changes=["x"], compiled=None, compiling=True, error="bad dim")
+    html = view.html()
+    assert "sl-edit-error" in html and "compiling in the background" in html
+    assert "strategy #" in view.text() and "all-reduce" in view.text()
+
+
+@pytest.mark.kernel
+def test_editor_widget_in_a_kernel():
+    kernel = Kernel()
+    try:
+        created = kernel.ok(
+            "import jax, jax.numpy as jnp, shardlab, time\n"
+            "from jax.sharding import PartitionSpec as P\n"
+            "m = shardlab.mesh(data=2, model=4)\n"
+            "def loss(params, x):\n"
+            "    for w1, w2 in params:\n"
+            "        x = jnp.tanh(x @ w1) @ w2\n"
+            "    return (x**2).mean()\n"
+            "params = [(jnp.ones((64, 256)), jnp.ones((256, 64))) for _ in range(2)]\n"
+            "ed = shardlab.editor(jax.grad(loss), params, jnp.ones((32, 64)), mesh=m,\n"
+            "                     in_shardings=([(P(), P())] * 2, P('data')))"
+        )
+        shown = kernel.ok("ed")
+        ident = next(d["transient"]["display_id"] for d in shown.displays if d.get("transient"))
+        dropdowns = [
+            o for o in created.comm_opens
+            if o["data"].get("state", {}).get("_model_name") == "DropdownModel"
+        ]  # fmt: skip
+        assert len(dropdowns) == 2 * 2 * 2 + 2  # 4 weights × 2 dims + x's 2 dims
+        first = dropdowns[1]  # params[0][0], dim 1 (256)
+        labels = first["data"]["state"]["_options_labels"]
+        assert labels[:3] == ["—", "data", "model"]
+        edit = kernel.send_comm(
+            first["comm_id"], {"method": "update", "state": {"index": 2}, "buffer_paths": []}
+        )
+        assert not edit.errors
+        update = next(u for u in edit.updates if u["transient"]["display_id"] == ident)
+        assert "strategy #2" in update["data"]["text/plain"]
+        assert "changed:" in update["data"]["text/plain"]
+        # an invalid choice: 'data' on x's dim 1 (64 ok) then 'model+data' on dim 0 (32 ok)...
+        x_dim0 = dropdowns[-2]
+        bad = kernel.send_comm(
+            x_dim0["comm_id"],
+            {"method": "update", "state": {"index": labels.index("model")}, "buffer_paths": []},
+        )
+        message = next(u for u in bad.updates if u["transient"]["display_id"] == ident)
+        assert "invalid choice" not in message["data"]["text/plain"]  # model on dim 0: valid
+        worse = kernel.send_comm(
+            dropdowns[0]["comm_id"],
+            {"method": "update", "state": {"index": labels.index("model")}, "buffer_paths": []},
+        )
+        text = next(u for u in worse.updates if u["transient"]["display_id"] == ident)
+        assert "invalid choice (last valid strategy kept)" in text["data"]["text/plain"]
+        assert "used twice" in text["data"]["text/plain"]
+        waited = kernel.ok(
+            "t0 = time.time()\n"
+            "while ed.compiling and time.time() - t0 < 60:\n    time.sleep(0.05)\n"
+            "ed.compiled is not None and ed.compiled.report is not None"
+        )
+        assert waited.text == "True"
+        export = kernel.ok("ed.export()\nprint(ed.code)")
+        assert "in_shardings = " in export.stdout and "P(None, 'model')" in export.stdout
+        assert kernel.ok("1 + 1").text == "2"
+    finally:
+        kernel.shutdown()
