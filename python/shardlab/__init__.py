@@ -24,7 +24,7 @@ from .parallel import (
     mesh,
     predict,
 )
-from .widgets import commgraph, editor, memory, show, watch
+from .widgets import commgraph, editor, memory, show, timeline, watch
 
 __all__ = [
     "DEVICE_PROFILES",
@@ -51,6 +51,7 @@ __all__ = [
     "predict",
     "release",
     "show",
+    "timeline",
     "unload_ipython_extension",
     "watch",
 ]

@@ -7,6 +7,7 @@ costed with the alpha-beta model (``cost.py``) in the same units as ``Report``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -80,6 +81,49 @@ def memory_estimate(graph: OpGraph, prop: Propagation, sizes: Mapping[str, int])
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A strategy propagated through a function's graph (what predict and schedule share)."""
+
+    profile: DeviceProfile
+    graph: OpGraph
+    prop: Propagation
+    sizes: dict[str, int]
+    resolved: list[Any]
+
+
+def propagate_strategy(
+    fn: Callable[..., Any],
+    *args: Any,
+    mesh: Mesh,
+    in_shardings: Any,
+    constraints: Constraints = None,
+    out_shardings: Any = None,
+    device: str | DeviceProfile | None = None,
+    graph: OpGraph | None = None,
+) -> Prepared:
+    """Validates the specs, traces ``fn`` (unless ``graph`` is given) and propagates."""
+    profile = resolve_profile(device)
+    sizes = mesh_shape_of(mesh)
+    resolved = resolve_shardings(in_shardings, args, mesh, what="in_shardings")
+    graph = graph if graph is not None else build(fn, *args)
+    ins = [L.from_spec(s, len(shape)) for _, shape, s in resolved]
+    outs = None
+    if out_shardings is not None:
+        out_shape = jax.eval_shape(fn, *args)
+        res = resolve_shardings((out_shardings,), (out_shape,), mesh, what="out_shardings")
+        outs = [None if s is None else L.from_spec(s, len(shape)) for _, shape, s in res]
+    prop = propagate(
+        graph,
+        ins,
+        sizes,
+        profile,
+        constraints=_constraint_layouts(graph, constraints, mesh),
+        output_layouts=outs,
+    )
+    return Prepared(profile, graph, prop, dict(sizes), list(resolved))
+
+
 def predict(
     fn: Callable[..., Any],
     *args: Any,
@@ -112,24 +156,12 @@ def predict(
     Raises:
         ShardingSpecError: a spec does not fit its argument or the mesh.
     """
-    profile = resolve_profile(device)
-    sizes = mesh_shape_of(mesh)
-    resolved = resolve_shardings(in_shardings, args, mesh, what="in_shardings")
-    graph = graph if graph is not None else build(fn, *args)
-    ins = [L.from_spec(s, len(shape)) for _, shape, s in resolved]
-    outs = None
-    if out_shardings is not None:
-        out_shape = jax.eval_shape(fn, *args)
-        res = resolve_shardings((out_shardings,), (out_shape,), mesh, what="out_shardings")
-        outs = [None if s is None else L.from_spec(s, len(shape)) for _, shape, s in res]
-    prop = propagate(
-        graph,
-        ins,
-        sizes,
-        profile,
-        constraints=_constraint_layouts(graph, constraints, mesh),
-        output_layouts=outs,
-    )
+    prepared = propagate_strategy(
+        fn, *args, mesh=mesh, in_shardings=in_shardings, constraints=constraints,
+        out_shardings=out_shardings, device=device, graph=graph,
+    )  # fmt: skip
+    profile, graph, prop, sizes = prepared.profile, prepared.graph, prepared.prop, prepared.sizes
+    resolved = prepared.resolved
     per_axis: dict[str, float] = {}
     time_axis: dict[str, float] = {}
     for c in prop.collectives:

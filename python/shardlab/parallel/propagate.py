@@ -46,6 +46,13 @@ class Propagation:
     flops: float
     warnings: list[str]
     live: list[bool]
+    # Per top-level node in program order: (node index, first collective, end collective,
+    # per-device flops). Collectives a node needed (resharding its inputs, reducing partial
+    # sums) fall in its span; those after the last node (output layouts) are not in any.
+    spans: list[tuple[int, int, int, float]] = dataclasses.field(default_factory=list)
+    # Per collective, the node it was emitted for: the producer of a partial sum being
+    # reduced, else the consumer needing a resharded input (-1: an output's final layout).
+    collective_nodes: list[int] = dataclasses.field(default_factory=list)
 
 
 def live_nodes(graph: OpGraph) -> list[bool]:
@@ -72,12 +79,15 @@ class _Propagator:
         self.warnings: list[str] = []
         self.node: Node | None = None
         self.count = 1
+        self.spans: list[tuple[int, int, int, float]] = []
+        self.collective_nodes: list[int] = []
 
     # -- emitting --------------------------------------------------------------------------
     def emit(self, kind: str, nbytes: int, group: int, axes: tuple[str, ...]) -> None:
         if group <= 1:
             return
         node = self.node
+        self.collective_nodes.append(node.index if node else -1)
         self.out.append(
             Collective(
                 kind=kind,
@@ -139,6 +149,7 @@ class _Propagator:
             if not live[node.index]:
                 continue
             self.node = node
+            first, flops = len(self.out), self.flops
             if node.primitive in ("sharding_constraint", "reshard"):
                 self.constraint(node)
             elif node.primitive in ("scan", "while", "cond"):
@@ -150,6 +161,7 @@ class _Propagator:
                     target = constraints[v]
                     self.reshard(v, target)
                     self.lay[v] = target
+            self.spans.append((node.index, first, len(self.out), self.flops - flops))
         return live
 
     def constraint(self, node: Node) -> None:
@@ -241,6 +253,7 @@ class _Propagator:
         ins = [self.layout(v) for v in node.inputs[1:]]
         subs = [self.nested(b, ins, 1, record=False) for b in branches]
         best = max(range(len(subs)), key=lambda k: sum(c.wire_bytes for c in subs[k].out))
+        self.collective_nodes.extend([node.index] * len(subs[best].out))
         self.out.extend(subs[best].out)
         self.flops += max(s.flops for s in subs)
         for k, v in enumerate(node.outputs):
@@ -256,6 +269,7 @@ class _Propagator:
             sub.node = None
             sub.resolve_partial(v)
         if record:
+            self.collective_nodes.extend([self.node.index if self.node else -1] * len(sub.out))
             self.out.extend(sub.out)
             self.flops += sub.flops
         self.warnings.extend(sub.warnings)
@@ -296,4 +310,4 @@ def propagate(
             p.lay[v] = target
         else:
             p.resolve_partial(v)
-    return Propagation(p.lay, p.out, p.flops, p.warnings, live)
+    return Propagation(p.lay, p.out, p.flops, p.warnings, live, p.spans, p.collective_nodes)

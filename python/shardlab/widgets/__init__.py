@@ -12,6 +12,7 @@ from .commgraph import CommGraphView, commgraph
 from .editor import StrategyEditor, editor
 from .layout import LayoutView, show
 from .memory import MemoryPanel, memory
+from .timeline import TimelineView, timeline
 from .watch import Watch, watch
 
 __all__ = [
@@ -19,10 +20,12 @@ __all__ = [
     "LayoutView",
     "MemoryPanel",
     "StrategyEditor",
+    "TimelineView",
     "Watch",
     "commgraph",
     "editor",
     "memory",
     "show",
+    "timeline",
     "watch",
 ]

@@ -1,0 +1,156 @@
+"""``shardlab.timeline(...)``: the step's compute and communication over time.
+
+The cost model's schedule (communication that is not hidden behind compute is marked), and,
+where a profile can be taken (``jax.profiler`` on CPU/GPU), the measured timeline beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..parallel.schedule import Event, Timeline, measure, schedule
+from ._html import KIND_COLORS, View, esc, fmt_time, panel
+
+WIDTH = 860
+LANE = 18
+MAX_RECTS = 3000
+
+
+def _lanes(timeline: Timeline) -> list[tuple[str, list[Event]]]:
+    if not timeline.measured:
+        return [
+            ("compute", [e for e in timeline.events if e.stream == "compute"]),
+            ("communication", [e for e in timeline.events if e.stream == "communication"]),
+        ]
+    lanes = []
+    for device in sorted({e.device for e in timeline.events}):
+        mine = [e for e in timeline.events if e.device == device]
+        lanes.append((f"device {device}", mine))
+    return lanes
+
+
+def _svg(timeline: Timeline) -> str:
+    lanes = _lanes(timeline)
+    scale = WIDTH / max(timeline.total, 1e-12)
+    parts = []
+    drawn = 0
+    for row, (name, events) in enumerate(lanes):
+        y = row * (LANE + 4)
+        parts.append(
+            f"<text x='-6' y='{y + LANE - 5}' text-anchor='end' font-size='10'>{esc(name)}</text>"
+        )
+        for event in events:
+            if drawn >= MAX_RECTS:
+                break
+            drawn += 1
+            x, w = event.start * scale, max((event.end - event.start) * scale, 0.6)
+            fill = KIND_COLORS.get(event.kind, "#888") if event.kind else "#9ecae1"
+            stroke = " stroke='#b00020' stroke-width='1.5'" if event.exposed > 0 else ""
+            title = (
+                f"{event.label}: {fmt_time(event.end - event.start)} at {fmt_time(event.start)}"
+                + (f"\nexposed (compute waits): {fmt_time(event.exposed)}" if event.exposed else "")
+                + (f"\nsource: {event.source}" if event.source else "")
+            )
+            cls = "sl-comm" if event.stream == "communication" else "sl-compute"
+            exposed = " sl-exposed" if event.exposed > 0 else ""
+            parts.append(
+                f"<g class='{cls}{exposed}'><title>{esc(title)}</title><rect x='{x:.2f}' "
+                f"y='{y}' width='{w:.2f}' height='{LANE}' fill='{fill}'{stroke}/></g>"
+            )
+    height = len(lanes) * (LANE + 4) + 14
+    axis = (
+        f"<text x='0' y='{height - 2}' font-size='10'>0</text><text x='{WIDTH}' "
+        f"y='{height - 2}' font-size='10' text-anchor='end'>{fmt_time(timeline.total)}</text>"
+    )
+    note = (
+        f"<div class='sl-note'>{drawn} of {len(timeline.events)} intervals drawn</div>"
+        if drawn < len(timeline.events)
+        else ""
+    )
+    return (
+        f"<svg class='sl-timeline-svg' width='{WIDTH + 110}' height='{height}' "
+        f"viewBox='-100 0 {WIDTH + 110} {height}'>{''.join(parts)}{axis}</svg>{note}"
+    )
+
+
+class TimelineView(View):
+    """One or two timelines (model, measured) with their totals."""
+
+    def __init__(self, timelines: Sequence[Timeline], *, notes: Sequence[str] = ()) -> None:
+        self.timelines = tuple(timelines)
+        self.notes = tuple(notes)
+
+    @staticmethod
+    def _summary(t: Timeline) -> str:
+        title = "measured" if t.measured else "cost model"
+        return (
+            f"{title}: step {fmt_time(t.total)}; compute {fmt_time(t.compute)}, communication "
+            f"{fmt_time(t.communication)} of which {fmt_time(t.exposed)} not overlapped with "
+            f"compute ({fmt_time(t.hidden)} hidden)"
+        )
+
+    def text(self) -> str:
+        lines = []
+        for t in self.timelines:
+            lines.append(self._summary(t))
+            lines.append(f"  {t.note}")
+            exposed = [e for e in t.events if e.exposed > 0]
+            for e in exposed[:10]:
+                lines.append(
+                    f"  exposed {e.kind} {fmt_time(e.exposed)} at {fmt_time(e.start)} "
+                    f"({e.source or '?'})"
+                )
+        lines.extend(self.notes)
+        return "\n".join(lines)
+
+    def html(self) -> str:
+        parts = []
+        for t in self.timelines:
+            parts.append(
+                f"<div class='sl-timeline {'sl-measured' if t.measured else 'sl-model'}'>"
+                f"<div>{esc(self._summary(t))}</div><div class='sl-note'>{esc(t.note)}</div>"
+                f"{_svg(t)}</div>"
+            )
+        legend = " ".join(
+            f"<span style='color:{c}'>■</span> {esc(k)}" for k, c in KIND_COLORS.items()
+        )
+        parts.append(
+            f"<div class='sl-note'><span style='color:#9ecae1'>■</span> compute {legend}; "
+            "red outline: communication the compute stream waits for</div>"
+        )
+        parts.extend(f"<div class='sl-note'>{esc(n)}</div>" for n in self.notes)
+        return panel("sl-timeline-view", "".join(parts), title="timeline")
+
+
+def timeline(
+    plan_or_fn: Any,
+    *args: Any,
+    mesh: Any = None,
+    in_shardings: Any = None,
+    measured: bool = True,
+    device: Any = None,
+) -> TimelineView:
+    """The compute/communication timeline of one step.
+
+    Args:
+        plan_or_fn: a ``Plan`` (its function, arguments, mesh and shardings are used) or a
+            function, with ``args``, ``mesh`` and ``in_shardings``.
+        measured: also run the program under ``jax.profiler`` and show the measured timeline.
+        device: the device profile for the model (default: by backend).
+    """
+    fn = plan_or_fn
+    if hasattr(plan_or_fn, "in_shardings") and hasattr(plan_or_fn, "fn"):
+        plan = plan_or_fn
+        fn, args, mesh = plan.fn, tuple(plan.args), plan.mesh
+        in_shardings = plan.in_shardings
+    if mesh is None:
+        raise ValueError("timeline(fn, *args, mesh=..., in_shardings=...) needs a mesh")
+    notes = []
+    views = [schedule(fn, *args, mesh=mesh, in_shardings=in_shardings, device=device)]
+    if measured:
+        try:
+            views.append(measure(fn, *args, mesh=mesh, in_shardings=in_shardings))
+        except Exception as error:  # the model timeline stands on its own
+            notes.append(f"no measured timeline: {type(error).__name__}: {error}")
+    return TimelineView(views, notes=notes)
