@@ -47,3 +47,30 @@ def test_eager_jit_graph_notebook_shows_its_story(tmp_path):
     error = next(o for o in failing[0].outputs if o.output_type == "error")
     assert error.ename == "GraphStagingError" and "cell line 3" in error.evalue
     assert "[shardlab] mode" in text  # mode switches are announced
+
+
+def test_layouts_notebook_saves_static_views(tmp_path):
+    path = next(p for p in NOTEBOOKS if p.name == "02_sharding_layouts.ipynb")
+    notebook = nbformat.read(path, as_version=4)
+    NotebookClient(notebook, timeout=600, kernel_name="shardlab").execute()
+    saved = tmp_path / path.name
+    nbformat.write(notebook, saved)
+    reread = nbformat.read(saved, as_version=4)  # what a reader without a kernel sees
+    html = [
+        o["data"]["text/html"]
+        for c in reread.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if o.output_type in ("display_data", "execute_result") and "text/html" in o["data"]
+    ]
+    joined = "\n".join(html)
+    for view in ("sl-layout", "sl-commgraph", "sl-memory", "sl-watch"):
+        assert view in joined, view
+    assert "which the mesh does not have" in joined  # a bad spec renders as an error
+    for cell in reread.cells:
+        for output in cell.get("outputs", []):
+            if "text/html" in output.get("data", {}):
+                assert "text/plain" in output["data"]  # every view has a text form too
+    # the watch view was updated in place when x2d was rebound
+    watch_html = next(h for h in html if "sl-watch" in h)
+    assert "P(None, &#x27;model&#x27;)" in watch_html or "P(None, 'model')" in watch_html

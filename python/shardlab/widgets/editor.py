@@ -261,6 +261,24 @@ class StrategyEditor:
         self.compiled, self.compiling = result, False
         self._refresh()
 
+    def apply(self, plan_or_specs: Any, *, refresh: bool = True) -> None:
+        """Shows a plan's input shardings (or a list of PartitionSpecs) in the editor."""
+        tree = getattr(plan_or_specs, "in_shardings", plan_or_specs)
+        leaves = jax.tree_util.tree_leaves(
+            tree, is_leaf=lambda x: isinstance(x, PartitionSpec) or hasattr(x, "spec")
+        )
+        specs = [getattr(s, "spec", s) for s in leaves]
+        if len(specs) != len(self.model.leaves):
+            raise ValueError(
+                f"the plan has {len(specs)} input shardings but the editor has "
+                f"{len(self.model.leaves)} leaves; was it made for another function?"
+            )
+        self.model.set_all(specs)
+        self.error = None
+        self._sync_dropdowns()
+        if refresh:
+            self._after_edit()
+
     def reset(self) -> None:
         self.model.set_all(list(self.initial))
         self.error, self.status = None, "reset to the initial strategy"
@@ -295,14 +313,7 @@ class StrategyEditor:
                     self.model.fn, *self.model.args, mesh=self.model.mesh, method="auto",
                     device=self.model.device, progress=progress,
                 )  # fmt: skip
-                specs = [
-                    getattr(s, "spec", PartitionSpec())
-                    for s in jax.tree_util.tree_leaves(
-                        plan.in_shardings, is_leaf=lambda x: hasattr(x, "spec") or x is None
-                    )
-                ]
-                self.model.set_all(specs)
-                self._sync_dropdowns()
+                self.apply(plan, refresh=False)
                 method = getattr(plan, "method", "auto")
                 partial = (
                     " (stopped early: best plan so far)"
