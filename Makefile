@@ -9,7 +9,7 @@ LAB_ARGS ?=
 # JupyterLab refuses to run as root without this (containers, CI machines).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test lint format bench clean
+.PHONY: setup browser lab test lint format bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,8 +26,12 @@ lab: setup
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG) \
 		--MappingKernelManager.default_kernel_name=shardlab $(LAB_ARGS)
 
+## Debian's chromium for the browser tests (tests/browser); installs only as root, else they skip
+browser:
+	bash tools/install-browser.sh
+
 ## lint, then every test
-test: setup lint
+test: setup lint browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: setup
