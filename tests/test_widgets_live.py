@@ -48,6 +48,13 @@ def test_watch_rejects_non_names(kernel):
 
 
 def test_memory_panel_release_button_frees_and_reports(kernel):
+    # Named arrays, sharded and not, must survive a release from a widget callback even
+    # though the panel object itself reaches the shell (and so everything) through its comm.
+    kernel.ok(
+        "keep_sharded = jax.device_put(jnp.arange(64.), NamedSharding(m, P('data')))\n"
+        "keep_tree = {'w': [jnp.ones((256, 256))], 'b': jnp.zeros(4)}\n"
+        "keep_shell_ref = get_ipython()"
+    )
     kernel.ok("jnp.ones((1024, 1024)) * 2")  # 4 MiB held only by Out/_
     shown = kernel.ok("panel = shardlab.memory()\npanel")
     content = next(d for d in shown.displays if display_id(d))
@@ -68,6 +75,10 @@ def test_memory_panel_release_button_frees_and_reports(kernel):
     assert "released: device bytes:" in text
     freed = text.split("freed ")[1].split(";")[0]
     assert freed.endswith("MiB") and float(freed.split()[0]) >= 4.0
+    survived = kernel.ok(
+        "float(keep_sharded.sum()), float(keep_tree['w'][0].sum()), float(keep_tree['b'].sum())"
+    )
+    assert survived.text == "(2016.0, 65536.0, 0.0)"
 
 
 def test_widget_callback_errors_show_in_the_view(kernel):

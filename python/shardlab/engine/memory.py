@@ -44,17 +44,45 @@ def process_rss() -> int:
             return 0
 
 
+def shard_nbytes(array: jax.Array) -> int:
+    """Bytes one device holds of ``array``, from its sharding (creates no shard views)."""
+    shape = array.sharding.shard_shape(array.shape)
+    count = 1
+    for size in shape:
+        count *= int(size)
+    return count * array.dtype.itemsize
+
+
 def live_bytes_per_device() -> dict[str, int]:
-    """Bytes held by live JAX arrays on each device, keyed by ``str(device)``."""
+    """Bytes held by live JAX arrays on each device, keyed by ``str(device)``.
+
+    Computed from each array's sharding: reading ``shard.data`` would create new arrays
+    (views sharing the buffers), which then show up as live arrays themselves.
+    """
     totals: dict[str, int] = {str(d): 0 for d in jax.devices()}
     for array in jax.live_arrays():
         try:
-            for shard in array.addressable_shards:
-                key = str(shard.device)
-                totals[key] = totals.get(key, 0) + shard.data.nbytes
+            if array.is_deleted():
+                continue
+            per_device = shard_nbytes(array)
+            for device in array.sharding.addressable_devices:
+                key = str(device)
+                totals[key] = totals.get(key, 0) + per_device
         except Exception:  # a deleted or donated array between listing and reading
             continue
     return totals
+
+
+def _buffer_pointers(arrays: Iterable[jax.Array]) -> set[int]:
+    """Device buffer addresses of ``arrays`` (shard views share their parent's buffers)."""
+    pointers: set[int] = set()
+    for array in arrays:
+        try:
+            for shard in array.addressable_shards:
+                pointers.add(shard.data.unsafe_buffer_pointer())
+        except Exception:
+            continue
+    return pointers
 
 
 def cache_stats() -> dict[str, int]:
@@ -193,6 +221,7 @@ def release(
     delete_named: bool = False,
     delete_unreachable: bool = True,
     skip_names: Collection[str] = (),
+    stop_at: Collection[object] = (),
 ) -> ReleaseReport:
     """Frees device and host memory nothing the user can reach still uses.
 
@@ -205,6 +234,11 @@ def release(
             module reaches (typically held by stale tracebacks or hidden caches).
         skip_names: names in the namespace that are not the user's (IPython's ``In``,
             ``Out``, ``exit``...): they neither keep arrays alive nor get reported.
+        stop_at: objects the walk from the namespace does not enter (the shell, the
+            kernel: everything is reachable through them).
+
+    Arrays reachable from the namespace are never deleted (unless ``delete_named``): when
+    the walk over the namespace cannot finish, nothing is deleted as unreachable.
     """
     bytes_before = live_bytes_per_device()
     rss_before = process_rss()
@@ -222,7 +256,8 @@ def release(
             for k, v in user_namespace.items()
             if k not in skip_names and (not k.startswith("_") or k == "_")
         ]
-        user_ids, _ = _reachable_arrays(v for _, v in user_items)
+        barrier = frozenset({id(user_namespace), *(id(o) for o in stop_at)})
+        user_ids, user_complete = _reachable_arrays((v for _, v in user_items), exclude=barrier)
         if delete_named:
             named = [k for k, v in user_items if k != "_" and _reachable_arrays([v])[0]]
         module_roots = [
@@ -230,24 +265,28 @@ def release(
         ]
         # The user namespace is reachable from modules too (through the shell object); it
         # is judged by the rules above, not as a module's own data.
-        module_ids, complete = _reachable_arrays(
-            module_roots, exclude=frozenset({id(user_namespace)})
-        )
+        module_ids, complete = _reachable_arrays(module_roots, exclude=barrier)
         # A walk cut short proves nothing unreachable: then delete only named arrays.
-        delete_unreachable = delete_unreachable and complete
-        for array in jax.live_arrays():
-            if id(array) in module_ids:
+        delete_unreachable = delete_unreachable and complete and user_complete
+        live = jax.live_arrays()
+        kept = [a for a in live if id(a) in module_ids or (id(a) in user_ids and not delete_named)]
+        # Never delete a buffer a kept array uses: a shard view (``shard.data``) is a separate
+        # array object sharing its parent's buffer, and deleting it would delete the parent's.
+        protected = _buffer_pointers(kept)
+        kept_ids = {id(a) for a in kept}
+        for array in live:
+            if id(array) in kept_ids:
                 continue
-            if id(array) in user_ids:
-                if not delete_named:
-                    continue
-            elif not delete_unreachable:
+            if id(array) not in user_ids and not delete_unreachable:
+                continue
+            if _buffer_pointers([array]) & protected:
                 continue
             try:
                 array.delete()
             except Exception:
                 continue
             deleted += id(array) not in user_ids
+        del live, kept
     gc.collect()
     trimmed = malloc_trim()
     platform = jax.devices()[0].platform if jax.devices() else "cpu"

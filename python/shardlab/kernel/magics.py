@@ -209,7 +209,14 @@ def release_shell(shell: Any, session: ShardlabSession, *, delete_named: bool = 
         shell.user_ns,
         delete_named=delete_named,
         skip_names=frozenset(getattr(shell, "user_ns_hidden", {})),
+        stop_at=_kernel_objects(shell),
     )
+
+
+def _kernel_objects(shell: Any) -> tuple[object, ...]:
+    """The shell and kernel objects: a walk for the user's arrays must not enter them."""
+    kernel = getattr(shell, "kernel", None)
+    return tuple(o for o in (shell, kernel, getattr(shell, "displayhook", None)) if o is not None)
 
 
 def _mesh_text(namespace: dict[str, Any]) -> str:

@@ -173,8 +173,12 @@ class ShardlabSession(LoggingConfigurable):
             self.history.append(HistoryItem(int(count), cell.mode, cell.source, duration))
         error = getattr(result, "error_in_exec", None)
         if error is not None and self.release_after_oom and _is_out_of_memory(error):
+            from .magics import _kernel_objects
+
             report = memory.release(
-                self._shell.user_ns, skip_names=frozenset(self._shell.user_ns_hidden)
+                self._shell.user_ns,
+                skip_names=frozenset(self._shell.user_ns_hidden),
+                stop_at=_kernel_objects(self._shell),
             )
             print(
                 "[shardlab] the cell ran out of memory; released temporaries and caches:\n"

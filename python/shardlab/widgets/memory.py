@@ -35,7 +35,7 @@ class MemorySnapshot:
 def snapshot(namespace: dict[str, Any] | None = None) -> MemorySnapshot:
     import jax
 
-    from ..engine.memory import live_bytes_per_device, process_rss
+    from ..engine.memory import live_bytes_per_device, process_rss, shard_nbytes
 
     names: dict[int, str] = {}
     for name, value in (namespace or {}).items():
@@ -52,8 +52,9 @@ def snapshot(namespace: dict[str, Any] | None = None) -> MemorySnapshot:
     arrays = jax.live_arrays()
     for array in arrays:
         try:
-            shards = array.addressable_shards
-            per_device = shards[0].data.nbytes if shards else 0
+            if array.is_deleted():
+                continue
+            per_device = shard_nbytes(array)
             spec = str(getattr(array.sharding, "spec", "single device"))
             entries.append(
                 ArrayEntry(
