@@ -19,7 +19,9 @@ def test_live_bytes_per_device_follows_sharding():
     after = live_bytes_per_device()
     grown = {d: after[d] - before.get(d, 0) for d in after}
     assert all(v == 1024 * 4 for v in grown.values()), grown
-    del x
+    views = [shard.data for shard in x.addressable_shards]  # views share x's buffers
+    assert live_bytes_per_device() == after  # counted once
+    del x, views
 
 
 def test_release_keeps_named_arrays_even_when_shard_views_are_alive():

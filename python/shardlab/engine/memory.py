@@ -45,7 +45,7 @@ def process_rss() -> int:
 
 
 def shard_nbytes(array: jax.Array) -> int:
-    """Bytes one device holds of ``array``, from its sharding (creates no shard views)."""
+    """Bytes one device holds of ``array``, from its sharding."""
     shape = array.sharding.shard_shape(array.shape)
     count = 1
     for size in shape:
@@ -53,35 +53,81 @@ def shard_nbytes(array: jax.Array) -> int:
     return count * array.dtype.itemsize
 
 
-def live_bytes_per_device() -> dict[str, int]:
-    """Bytes held by live JAX arrays on each device, keyed by ``str(device)``.
+def _shard_arrays(array: jax.Array) -> list[jax.Array]:
+    """The single-device arrays of ``array``'s addressable shards.
 
-    Computed from each array's sharding: reading ``shard.data`` would create new arrays
-    (views sharing the buffers), which then show up as live arrays themselves.
+    JAX creates these lazily and caches them on the array; they share its buffers and show
+    up in ``jax.live_arrays()`` as arrays of their own ("views").
     """
-    totals: dict[str, int] = {str(d): 0 for d in jax.devices()}
-    for array in jax.live_arrays():
-        try:
-            if array.is_deleted():
-                continue
-            per_device = shard_nbytes(array)
-            for device in array.sharding.addressable_devices:
-                key = str(device)
-                totals[key] = totals.get(key, 0) + per_device
-        except Exception:  # a deleted or donated array between listing and reading
+    arrays = getattr(array, "_arrays", None)
+    if arrays is None:
+        arrays = [shard.data for shard in array.addressable_shards]
+    return list(arrays)
+
+
+def buffers() -> tuple[dict[int, tuple[str, int]], set[int]]:
+    """Every live device buffer once: ``{address: (device, bytes)}``, and the ids of live
+    arrays that are views of another array's shard (counted with their parent)."""
+    by_pointer: dict[int, tuple[str, int]] = {}
+    views: set[int] = set()
+    live = jax.live_arrays()
+    multi = [a for a in live if _devices(a) > 1]
+    for array in multi:
+        for shard in _safe_shards(array):
+            pointer = _pointer(shard)
+            if pointer is not None:
+                by_pointer[pointer] = (str(next(iter(shard.devices()))), int(shard.nbytes))
+                views.add(id(shard))
+    for array in live:
+        if id(array) in views or _devices(array) != 1:
             continue
+        pointer = _pointer(array)
+        if pointer is None:
+            continue
+        if pointer in by_pointer:
+            views.add(id(array))
+        else:
+            by_pointer[pointer] = (str(next(iter(array.devices()))), int(array.nbytes))
+    return by_pointer, views
+
+
+def _devices(array: jax.Array) -> int:
+    try:
+        return 0 if array.is_deleted() else len(array.sharding.device_set)
+    except Exception:
+        return 0
+
+
+def _safe_shards(array: jax.Array) -> list[jax.Array]:
+    try:
+        return _shard_arrays(array)
+    except Exception:
+        return []
+
+
+def _pointer(array: jax.Array) -> int | None:
+    try:
+        return int(array.unsafe_buffer_pointer())
+    except Exception:  # deleted, donated, or not a single-device array
+        return None
+
+
+def live_bytes_per_device() -> dict[str, int]:
+    """Bytes held by live JAX arrays on each device, keyed by ``str(device)``; a buffer
+    shared by an array and its shard views counts once."""
+    totals: dict[str, int] = {str(d): 0 for d in jax.devices()}
+    by_pointer, _ = buffers()
+    for device, nbytes in by_pointer.values():
+        totals[device] = totals.get(device, 0) + nbytes
     return totals
 
 
 def _buffer_pointers(arrays: Iterable[jax.Array]) -> set[int]:
-    """Device buffer addresses of ``arrays`` (shard views share their parent's buffers)."""
+    """Device buffer addresses of ``arrays`` (their shards' for multi-device arrays)."""
     pointers: set[int] = set()
     for array in arrays:
-        try:
-            for shard in array.addressable_shards:
-                pointers.add(shard.data.unsafe_buffer_pointer())
-        except Exception:
-            continue
+        parts = _safe_shards(array) if _devices(array) > 1 else [array]
+        pointers.update(p for p in map(_pointer, parts) if p is not None)
     return pointers
 
 

@@ -35,7 +35,7 @@ class MemorySnapshot:
 def snapshot(namespace: dict[str, Any] | None = None) -> MemorySnapshot:
     import jax
 
-    from ..engine.memory import live_bytes_per_device, process_rss, shard_nbytes
+    from ..engine.memory import buffers, live_bytes_per_device, process_rss, shard_nbytes
 
     names: dict[int, str] = {}
     for name, value in (namespace or {}).items():
@@ -49,7 +49,8 @@ def snapshot(namespace: dict[str, Any] | None = None) -> MemorySnapshot:
             if isinstance(leaf, jax.Array) and id(leaf) not in names:
                 names[id(leaf)] = name + jax.tree_util.keystr(path)
     entries = []
-    arrays = jax.live_arrays()
+    _, views = buffers()
+    arrays = [a for a in jax.live_arrays() if id(a) not in views]
     for array in arrays:
         try:
             if array.is_deleted():
