@@ -96,11 +96,14 @@ class Kernel:
             if candidate["parent_header"].get("msg_id") == msg_id:
                 reply = candidate
         execution = Execution(reply=reply)
-        # Collect iopub output until the kernel is idle for this request.
+        return self._collect(msg_id, execution, deadline, label)
+
+    def _collect(self, msg_id: str, execution: Execution, deadline: float, label: str):
+        """iopub output of request ``msg_id`` until the kernel is idle for it."""
         while True:
             remaining = deadline - time.monotonic()
             try:
-                message = client.get_iopub_msg(timeout=max(remaining, 1))
+                message = self.client.get_iopub_msg(timeout=max(remaining, 1))
             except queue.Empty:
                 raise TimeoutError(f"no idle status for {label!r}") from None
             if message["parent_header"].get("msg_id") != msg_id:
@@ -114,6 +117,8 @@ class Kernel:
                     execution.stderr += data["text"]
             elif kind in ("execute_result", "display_data"):
                 execution.results.append(data)
+                if kind == "display_data":
+                    execution.displays.append(data)
             elif kind == "error":
                 execution.errors.append(data)
             elif kind == "comm_msg":
@@ -123,33 +128,15 @@ class Kernel:
             elif kind == "update_display_data":
                 execution.updates.append(data)
             elif kind == "status" and data["execution_state"] == "idle":
-                break
-            if kind == "display_data":
-                execution.displays.append(data)
-        return execution
+                return execution
 
     def send_comm(self, comm_id: str, data: dict[str, Any], *, timeout: float = TIMEOUT):
         """Sends a comm_msg (as a front end does, e.g. a widget click); returns its outputs."""
         msg = self.client.session.msg("comm_msg", {"comm_id": comm_id, "data": data})
         self.client.shell_channel.send(msg)
         msg_id = msg["header"]["msg_id"]
-        execution = Execution(reply={})
         deadline = time.monotonic() + timeout
-        while True:
-            message = self.client.get_iopub_msg(timeout=max(deadline - time.monotonic(), 1))
-            if message["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind, content = message["msg_type"], message["content"]
-            if kind == "stream":
-                execution.stdout += content["text"]
-            elif kind == "update_display_data":
-                execution.updates.append(content)
-            elif kind == "display_data":
-                execution.displays.append(content)
-            elif kind == "error":
-                execution.errors.append(content)
-            elif kind == "status" and content["execution_state"] == "idle":
-                return execution
+        return self._collect(msg_id, Execution(reply={}), deadline, f"comm_msg to {comm_id}")
 
     def execute(
         self,

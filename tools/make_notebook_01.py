@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
+from notebooks import write
 
 cells = [
     new_markdown_cell(
@@ -126,15 +126,4 @@ cells = [
     new_code_cell("%release"),
 ]
 
-notebook = new_notebook(
-    cells=cells,
-    metadata={
-        "kernelspec": {
-            "name": "shardlab",
-            "display_name": "JAX · shardlab (8 CPU devices)",
-            "language": "python",
-        },
-        "language_info": {"name": "python"},
-    },
-)
-nbformat.write(notebook, "notebooks/01_eager_jit_graph.ipynb")
+write(cells, "notebooks/01_eager_jit_graph.ipynb")

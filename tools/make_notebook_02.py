@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
+from notebooks import write
 
 md, code = new_markdown_cell, new_code_cell
 cells = [
@@ -69,12 +69,4 @@ cells = [
         "x2d = jax.device_put(x2d, NamedSharding(mesh24, P(None, 'model')))  # the view above updates"
     ),
 ]
-notebook = new_notebook(
-    cells=cells,
-    metadata={
-        "kernelspec": {"name": "shardlab", "display_name": "JAX · shardlab (8 CPU devices)",
-                       "language": "python"},
-        "language_info": {"name": "python"},
-    },
-)  # fmt: skip
-nbformat.write(notebook, "notebooks/02_sharding_layouts.ipynb")
+write(cells, "notebooks/02_sharding_layouts.ipynb")
