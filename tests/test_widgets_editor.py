@@ -110,11 +110,13 @@ def test_editor_widget_in_a_kernel():
         )
         shown = kernel.ok("ed")
         ident = next(d["transient"]["display_id"] for d in shown.displays if d.get("transient"))
-        dropdowns = [
+        all_dropdowns = [
             o for o in created.comm_opens
             if o["data"].get("state", {}).get("_model_name") == "DropdownModel"
         ]  # fmt: skip
-        assert len(dropdowns) == 2 * 2 * 2 + 2  # 4 weights × 2 dims + x's 2 dims
+        # inputs first (4 weights × 2 dims + x's 2 dims), then the intermediates' dims
+        assert len(all_dropdowns) > 2 * 2 * 2 + 2
+        dropdowns = all_dropdowns[:10]
         first = dropdowns[1]  # params[0][0], dim 1 (256)
         labels = first["data"]["state"]["_options_labels"]
         assert labels[:3] == ["—", "data", "model"]
@@ -126,7 +128,7 @@ def test_editor_widget_in_a_kernel():
         assert "strategy #2" in update["data"]["text/plain"]
         assert "changed:" in update["data"]["text/plain"]
         # an invalid choice: 'data' on x's dim 1 (64 ok) then 'model+data' on dim 0 (32 ok)...
-        x_dim0 = dropdowns[-2]
+        x_dim0 = dropdowns[8]
         bad = kernel.send_comm(
             x_dim0["comm_id"],
             {"method": "update", "state": {"index": labels.index("model")}, "buffer_paths": []},
@@ -151,3 +153,25 @@ def test_editor_widget_in_a_kernel():
         assert kernel.ok("1 + 1").text == "2"
     finally:
         kernel.shutdown()
+
+
+def test_constraints_on_intermediates_change_prediction_and_compile(model):
+    model.constraints = {}
+    model.set_all([P()] * 4 + [P("data")])
+    assert model.intermediates and model.intermediates[0].label.startswith("#")
+    first = model.intermediates[0]
+    before = model.current
+    after = model.constrain(first.node, 1, ("model",))  # x @ w1 columns over 'model'
+    assert model.constraints == {first.node: P(None, "model")}
+    assert after.cost.comm_bytes != before.cost.comm_bytes
+    results: list = []
+    model.compile(results.append).join(60)
+    assert results[0].error is None and results[0].report is not None
+    # the compiled program honours the constraint: it now communicates over 'model'
+    assert any("model" in c.mesh_axes for c in results[0].report.collectives)
+    assert "constraints = {" in model.code()
+    with pytest.raises(ShardingSpecError):
+        model.constrain(first.node, 0, ("model",))  # 'model' already on dim 1
+    assert model.constraints == {first.node: P(None, "model")}
+    model.constrain(first.node, 1, ())  # back to unconstrained
+    assert model.constraints == {}

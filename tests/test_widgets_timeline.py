@@ -40,11 +40,12 @@ def test_schedule_totals_agree_with_predict(case, specs):
     tl = schedule(fn, params, x, mesh=mesh, in_shardings=specs)
     cost = shardlab.predict(fn, params, x, mesh=mesh, in_shardings=specs)
     assert tl.compute == pytest.approx(cost.compute_time, rel=1e-6)
-    assert tl.communication == pytest.approx(cost.comm_time, rel=1e-6)
+    comm = [e for e in tl.events if e.stream == "communication"]
+    # the same bytes as the prediction; the time is predict's or more (no combining here)
+    assert sum(e.wire_bytes for e in comm) == pytest.approx(cost.total_comm_bytes, rel=1e-9)
+    assert tl.communication >= cost.comm_time * (1 - 1e-9)
     assert 0 <= tl.exposed <= tl.communication + 1e-12
     assert tl.total == pytest.approx(tl.compute + tl.exposed, rel=1e-6)
-    comm = [e for e in tl.events if e.stream == "communication"]
-    assert len(comm) == len(cost.collectives)
     compute = sorted((e for e in tl.events if e.stream == "compute"), key=lambda e: e.start)
     for a, b in itertools.pairwise(compute):  # one in-order compute stream
         assert b.start >= a.end - 1e-12

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import strategies
 from ._version import __version__
 from .engine import GraphCache, GraphStagingError, ModeError, ReleaseReport
 from .engine.devices import DeviceSpecError, SwitchReport
@@ -24,6 +25,9 @@ from .parallel import (
     mesh,
     predict,
 )
+from .parallel.annotations import SearchError
+from .parallel.plan import Plan, PlanRow
+from .parallel.search import search
 from .widgets import commgraph, editor, memory, show, timeline, watch
 
 __all__ = [
@@ -37,8 +41,11 @@ __all__ = [
     "Layout",
     "MemoryBreakdown",
     "ModeError",
+    "Plan",
+    "PlanRow",
     "ReleaseReport",
     "Report",
+    "SearchError",
     "ShardingSpecError",
     "SwitchReport",
     "__version__",
@@ -50,7 +57,9 @@ __all__ = [
     "mesh",
     "predict",
     "release",
+    "search",
     "show",
+    "strategies",
     "timeline",
     "unload_ipython_extension",
     "watch",

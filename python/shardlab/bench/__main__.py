@@ -14,7 +14,7 @@ import platform
 import sys
 import time
 
-SECTIONS = ("kernel", "fidelity")
+SECTIONS = ("kernel", "fidelity", "editor", "search")
 
 
 def main(argv: list[str] | None = None) -> int:

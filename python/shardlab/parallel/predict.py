@@ -16,6 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from shardlab.parallel import layouts as L
 from shardlab.parallel.cost import DeviceProfile, resolve_profile
+from shardlab.parallel.edges import combine_all_reduces
 from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.opgraph import Node, OpGraph, build
 from shardlab.parallel.propagate import Propagation, propagate
@@ -162,9 +163,12 @@ def predict(
     )  # fmt: skip
     profile, graph, prop, sizes = prepared.profile, prepared.graph, prepared.prop, prepared.sizes
     resolved = prepared.resolved
+    # XLA combines independent all-reduces into one (the bytes add up; the latency is paid
+    # once): so does the prediction, as the search's costing does.
+    collectives = combine_all_reduces(graph, prop.collectives, prop.collective_nodes)
     per_axis: dict[str, float] = {}
     time_axis: dict[str, float] = {}
-    for c in prop.collectives:
+    for c in collectives:
         key = "+".join(c.mesh_axes) or "-"
         per_axis[key] = per_axis.get(key, 0.0) + c.wire_bytes * c.count
         t = profile.collective_time(c.kind, c.wire_bytes, c.group_size, c.mesh_axes)
@@ -173,7 +177,7 @@ def predict(
     if any(s is None for _, _, s in resolved):
         warnings.append("some in_shardings leaves are None: predicted as replicated")
     return CostBreakdown(
-        collectives=tuple(prop.collectives),
+        collectives=tuple(collectives),
         comm_bytes_per_axis=per_axis,
         comm_time_per_axis=time_axis,
         flops=prop.flops,

@@ -7,7 +7,10 @@ its per-device flops over the device peak. The collectives an operation needs (r
 its inputs, reducing partial sums) start as soon as their data is ready — when the producers
 of the operation's inputs have computed — and the communication stream is free; the
 operation waits for them. Communication that runs while the compute stream is busy is
-hidden; the time the compute stream waits is *exposed* communication.
+hidden; the time the compute stream waits is *exposed* communication. Collectives stay
+separate here (what an asynchronous runtime could overlap); ``predict`` combines independent
+all-reduces as XLA's combiner does, so its communication time can be lower by the latencies
+combining saves, while the bytes are the same.
 
 Measured (``measure``): runs the compiled program under ``jax.profiler.trace`` and reads the
 trace's complete events of that program per device (on CPU, collective times include
@@ -44,6 +47,7 @@ class Event(_Record):
     source: str = ""
     exposed: float = 0.0  # seconds of this collective the compute stream waited for
     device: int = -1  # -1: the same on every device (model)
+    wire_bytes: float = 0.0  # per device, for collectives
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +110,8 @@ def schedule(
             exposed = max(0.0, min(c_end, waited_until) - max(c_start, needed_by))
             events.append(
                 Event("communication", c_start, c_end, collective.kind, collective.kind,
-                      collective.source, exposed)
+                      collective.source, exposed,
+                      wire_bytes=collective.wire_bytes * collective.count)
             )  # fmt: skip
 
     covered = 0

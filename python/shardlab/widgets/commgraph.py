@@ -243,6 +243,26 @@ def commgraph(
     return CommGraphView(actual, predicted, notes=notes)
 
 
+def plan_view(plan: Any) -> CommGraphView:
+    """``plan.show()``: the plan's predicted cost beside its compiled program."""
+    notes = [*getattr(plan, "notes", ())]
+    try:
+        actual = plan.verify()
+    except Exception as error:  # the prediction still stands on its own
+        actual = None
+        notes.append(f"not compiled: {type(error).__name__}: {error}")
+    return CommGraphView(actual, plan.cost, title=f"plan ({plan.method})", notes=notes)
+
+
+def _register() -> None:
+    from ..parallel.plan import VIEWERS
+
+    VIEWERS["plan"] = plan_view
+
+
+_register()
+
+
 class _Error(View):
     def __init__(self, message: str) -> None:
         self.message = message

@@ -167,19 +167,25 @@ class StrategyEditor:
         self.dropdowns: list[list[Any]] = []
         rows = []
         for index, leaf in enumerate(self.model.leaves):
-            per_dim = []
-            for dim in range(len(leaf.shape)):
-                dropdown = w.Dropdown(
-                    options=options, value=(), description=f"dim {dim} ({leaf.shape[dim]})",
-                    style={"description_width": "initial"}, layout=w.Layout(width="170px"),
-                )  # fmt: skip
-                dropdown.observe(
-                    guarded(self._on_change(index, dim), self._show_error), names="value"
-                )
-                per_dim.append(dropdown)
+            per_dim = self._dim_dropdowns(
+                leaf.shape, options, lambda d, i=index: self._on_change(i, d)
+            )
             self.dropdowns.append(per_dim)
             label = w.HTML(f"<code>{esc(leaf.label)}</code> {esc(leaf.dtype)}{list(leaf.shape)}")
             rows.append(w.HBox([label, *per_dim]))
+        self.constraint_dropdowns: list[list[Any]] = []
+        constraint_rows = []
+        for position, item in enumerate(self.model.intermediates):
+            per_dim = self._dim_dropdowns(
+                item.shape, options, lambda d, p=position: self._on_constraint(p, d)
+            )
+            self.constraint_dropdowns.append(per_dim)
+            constraint_rows.append(w.HBox([w.HTML(f"<code>{esc(item.label)}</code>"), *per_dim]))
+        self.intermediates = w.Accordion(
+            children=[w.VBox(constraint_rows or [w.HTML("no matmuls to constrain")])],
+            titles=(f"constraints on intermediates ({len(constraint_rows)} matmul outputs)",),
+            selected_index=None,
+        )
         self.auto_button = w.Button(description="Auto", icon="magic", tooltip="shardlab.search")
         self.stop_button = w.Button(description="Stop", icon="stop", disabled=True)
         self.reset_button = w.Button(description="Reset", icon="undo")
@@ -193,12 +199,26 @@ class StrategyEditor:
             [self.auto_button, self.stop_button, self.reset_button, self.export_button,
              self.progress]
         )  # fmt: skip
-        self.controls = w.VBox([*rows, buttons])
+        self.controls = w.VBox([*rows, self.intermediates, buttons])
         initial = self._initial_specs(in_shardings)
         self.initial = initial
         self.model.set_all(initial)
         self._sync_dropdowns()
         self._after_edit()
+
+    def _dim_dropdowns(self, shape: tuple[int, ...], options: Any, handler_for: Any) -> list[Any]:
+        """One dropdown per dimension; ``handler_for(dim)`` gives its change handler."""
+        import ipywidgets as w
+
+        dropdowns = []
+        for dim in range(len(shape)):
+            dropdown = w.Dropdown(
+                options=options, value=(), description=f"dim {dim} ({shape[dim]})",
+                style={"description_width": "initial"}, layout=w.Layout(width="170px"),
+            )  # fmt: skip
+            dropdown.observe(guarded(handler_for(dim), self._show_error), names="value")
+            dropdowns.append(dropdown)
+        return dropdowns
 
     # -- state -----------------------------------------------------------------------------
     def _initial_specs(self, in_shardings: Any) -> list[PartitionSpec]:
@@ -225,6 +245,15 @@ class StrategyEditor:
                     if value not in [v for _, v in dropdown.options]:
                         dropdown.options = [*dropdown.options, ("+".join(value), value)]
                     dropdown.value = value
+            for item, per_dim in zip(
+                self.model.intermediates, self.constraint_dropdowns, strict=True
+            ):
+                entries = spec_entries(self.model.constraints.get(item.node, PartitionSpec()))
+                for dim, dropdown in enumerate(per_dim):
+                    value = tuple(entries[dim]) if dim < len(entries) else ()
+                    if value not in [v for _, v in dropdown.options]:
+                        dropdown.options = [*dropdown.options, ("+".join(value), value)]
+                    dropdown.value = value
         finally:
             self._syncing = False
 
@@ -236,7 +265,26 @@ class StrategyEditor:
 
         return handler
 
+    def _on_constraint(self, position: int, dim: int) -> Any:
+        def handler(change: dict[str, Any]) -> None:
+            if self._syncing:
+                return
+            self.constrain(self.model.intermediates[position].node, dim, tuple(change["new"]))
+
+        return handler
+
     # -- actions ---------------------------------------------------------------------------
+    def constrain(self, node: int, dim: int, axes: tuple[str, ...]) -> None:
+        """Constrains an intermediate (a matmul output, by graph node index)."""
+        try:
+            self.model.constrain(node, dim, axes)
+        except ShardingSpecError as error:
+            self.error = str(error)
+            self._refresh()
+            return
+        self.error = None
+        self._after_edit()
+
     def edit(self, index: int, dim: int, axes: tuple[str, ...]) -> None:
         """What a dropdown change does (also callable from code and tests)."""
         try:
@@ -273,6 +321,11 @@ class StrategyEditor:
                 f"the plan has {len(specs)} input shardings but the editor has "
                 f"{len(self.model.leaves)} leaves; was it made for another function?"
             )
+        intermediate = getattr(plan_or_specs, "intermediate_specs", None)
+        if intermediate is not None:  # the plan's constraints inside the function
+            self.model.constraints = {
+                node: outs[0] for node, outs in intermediate().items() if outs and outs[0]
+            }
         self.model.set_all(specs)
         self.error = None
         self._sync_dropdowns()
@@ -280,6 +333,14 @@ class StrategyEditor:
             self._after_edit()
 
     def reset(self) -> None:
+        self.model.constraints = {}
+        self._syncing = True
+        try:
+            for per_dim in self.constraint_dropdowns:
+                for dropdown in per_dim:
+                    dropdown.value = ()
+        finally:
+            self._syncing = False
         self.model.set_all(list(self.initial))
         self.error, self.status = None, "reset to the initial strategy"
         self._sync_dropdowns()

@@ -33,6 +33,18 @@ class Leaf:
 
 
 @dataclass(frozen=True)
+class Intermediate:
+    """An intermediate value the editor offers to constrain (a matmul's output)."""
+
+    node: int
+    label: str
+    shape: tuple[int, ...]
+
+
+MAX_INTERMEDIATES = 24
+
+
+@dataclass(frozen=True)
 class Evaluation:
     """The figures of one valid strategy."""
 
@@ -64,6 +76,7 @@ class EditorModel:
     generation: int = field(default=0, init=False)
     current: Evaluation | None = field(default=None, init=False)
     previous: Evaluation | None = field(default=None, init=False)
+    constraints: dict[int, PartitionSpec] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         flat = jax.tree_util.tree_flatten_with_path(self.args)[0]
@@ -76,6 +89,46 @@ class EditorModel:
         self.graph = build(self.fn, *self.args)  # traced once; every edit reuses it
         self._lock = threading.Lock()
         self._latest_compile: CompileResult | None = None
+        self.intermediates = self._intermediates()
+
+    def _intermediates(self) -> tuple[Intermediate, ...]:
+        """Matmul outputs in program order (the values whose layout decides communication)."""
+        out = []
+        for node in self.graph.nodes:
+            if node.primitive != "dot_general" or not node.outputs:
+                continue
+            shape = tuple(self.graph.shapes[node.outputs[0]])
+            where = node.source.rsplit("/", 1)[-1] if node.source else "?"
+            out.append(Intermediate(node.index, f"#{node.index} dot_general @ {where}", shape))
+            if len(out) >= MAX_INTERMEDIATES:
+                break
+        return tuple(out)
+
+    def constrain(self, node: int, dim: int, axes: tuple[str, ...]) -> Evaluation:
+        """Constrains dimension ``dim`` of intermediate ``node`` to ``axes`` (``()``: none;
+        an intermediate with no split dimension is unconstrained again).
+
+        Raises:
+            ShardingSpecError: the choice does not fit; the strategy is unchanged.
+        """
+        shape = tuple(self.graph.shapes[self.graph.nodes[node].outputs[0]])
+        entries = spec_entries(self.constraints.get(node, PartitionSpec()))
+        entries += [()] * (len(shape) - len(entries))
+        entries[dim] = tuple(axes)
+        spec = PartitionSpec(*[(e[0] if len(e) == 1 else (e or None)) for e in entries])
+        check_spec(spec, shape, self.mesh, where=f"intermediate #{node}")
+        constraints = dict(self.constraints)
+        if any(entries):
+            constraints[node] = spec
+        else:
+            constraints.pop(node, None)
+        previous = self.constraints
+        self.constraints = constraints
+        try:
+            return self._evaluate(list(self.specs))
+        except Exception:
+            self.constraints = previous
+            raise
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -114,6 +167,7 @@ class EditorModel:
             *self.args,
             mesh=self.mesh,
             in_shardings=self.in_shardings(specs),
+            constraints=dict(self.constraints) or None,
             device=self.device,
             graph=self.graph,
         )
@@ -133,13 +187,24 @@ class EditorModel:
         marked ``superseded`` (the view ignores it).
         """
         generation, specs = self.generation, list(self.specs)
+        constraints = dict(self.constraints)
 
         def job() -> None:
             start = time.perf_counter()
             result = CompileResult(generation)
             try:
+                fn = self.fn
+                if constraints:  # re-evaluate the graph with the constraints inserted
+                    from ..parallel.interpret import interpreter
+
+                    fn = interpreter(
+                        self.graph,
+                        self.mesh,
+                        {node: [spec] for node, spec in constraints.items()},
+                        jax.tree_util.tree_structure(self.args),
+                    )
                 result.report = analyze(
-                    self.fn, *self.args, mesh=self.mesh, in_shardings=self.in_shardings(specs)
+                    fn, *self.args, mesh=self.mesh, in_shardings=self.in_shardings(specs)
                 )
             except Exception as error:  # shown in the editor; the kernel keeps running
                 result.error = f"{type(error).__name__}: {error}"
@@ -172,6 +237,15 @@ class EditorModel:
         ]
         for leaf, spec in zip(self.leaves, self.specs, strict=True):
             lines.append(f"#   {leaf.label}: {leaf.dtype}{list(leaf.shape)} -> {spec}")
+        if self.constraints:
+            lines.append("")
+            lines.append("# constraints on intermediates: at these lines, wrap the value in")
+            lines.append("# jax.lax.with_sharding_constraint(value, NamedSharding(mesh, spec))")
+            lines.append("constraints = {")
+            for node, spec in sorted(self.constraints.items()):
+                where = self.graph.nodes[node].source or "?"
+                lines.append(f"    {node}: {spec},  # {where}".replace("PartitionSpec(", "P("))
+            lines.append("}")
         return "\n".join(lines)
 
 

@@ -140,9 +140,9 @@ def timeline(
         device: the device profile for the model (default: by backend).
     """
     fn = plan_or_fn
-    if hasattr(plan_or_fn, "in_shardings") and hasattr(plan_or_fn, "fn"):
-        plan = plan_or_fn
-        fn, args, mesh = plan.fn, tuple(plan.args), plan.mesh
+    if hasattr(plan_or_fn, "function") and hasattr(plan_or_fn, "in_shardings"):
+        plan = plan_or_fn  # its function with the intermediate constraints inserted
+        fn, args, mesh = plan.function(), tuple(plan.binding.args), plan.mesh
         in_shardings = plan.in_shardings
     if mesh is None:
         raise ValueError("timeline(fn, *args, mesh=..., in_shardings=...) needs a mesh")

@@ -1,0 +1,170 @@
+"""Edges of the strategy space: reshard-cost matrices between units, output ties, and the
+shared latency of independent terminal all-reduces (see ``space.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from shardlab.parallel import layouts as L
+from shardlab.parallel.cost import ring_steps, wire_bytes
+from shardlab.parallel.opgraph import OpGraph
+from shardlab.parallel.records import Collective
+from shardlab.parallel.space import Cand, Edge, Space, Unit, _Builder
+
+HEAVY = frozenset({"dot_general", "conv_general_dilated"})
+
+
+def terminal_nodes(g: OpGraph, live: list[bool]) -> list[bool]:
+    """Per node: live, and no matmul/convolution downstream (weight gradients, the loss, the
+    optimizer update): the all-reduces such nodes need are mutually independent."""
+    heavy_below = [False] * len(g.nodes)
+    for node in reversed(g.nodes):
+        if not live[node.index]:
+            continue
+        heavy_below[node.index] = any(
+            g.nodes[c].primitive in HEAVY or heavy_below[c]
+            for v in node.outputs
+            for c in g.consumers(v)
+            if live[c]
+        )
+    return [live[i] and not heavy_below[i] for i in range(len(g.nodes))]
+
+
+def all_reduce_groups(
+    g: OpGraph, collectives: Sequence[Collective], nodes: Sequence[int]
+) -> list[tuple[int, tuple[str, ...]] | None]:
+    """Per collective, the group XLA's all-reduce combiner would merge it into (``None``
+    for other kinds): an all-reduce's level is one more than the highest level upstream of
+    the node it reduces, so all-reduces of one level over the same axes are independent."""
+    reducing = {n for c, n in zip(collectives, nodes, strict=True) if c.kind == "all-reduce"}
+    level = [0] * len(g.nodes)
+    for node in g.nodes:
+        lvl = 0
+        for v in node.inputs:
+            p = g.producer(v)
+            if p >= 0:
+                lvl = max(lvl, level[p])
+        level[node.index] = lvl + (node.index in reducing)
+    return [
+        (level[n], c.mesh_axes) if c.kind == "all-reduce" and n >= 0 else None
+        for c, n in zip(collectives, nodes, strict=True)
+    ]
+
+
+def combine_all_reduces(
+    g: OpGraph, collectives: Sequence[Collective], nodes: Sequence[int]
+) -> list[Collective]:
+    """Merge all-reduces that cannot depend on each other, as XLA's all-reduce combiner
+    does (see ``all_reduce_groups``)."""
+    out: list[Collective] = []
+    merged: dict[tuple[int, tuple[str, ...]], Collective] = {}
+    for c, key in zip(collectives, all_reduce_groups(g, collectives, nodes), strict=True):
+        if key is None:
+            out.append(c)
+            continue
+        old = merged.get(key)
+        if old is None:
+            merged[key] = c
+            continue
+        nbytes = old.bytes * old.count + c.bytes * c.count
+        merged[key] = dataclasses.replace(
+            old, bytes=nbytes, count=1, wire_bytes=wire_bytes("all-reduce", nbytes,
+                                                              old.group_size)
+        )  # fmt: skip
+    return out + list(merged.values())
+
+
+def combine_terminal(b: _Builder, units: list[Unit], live: list[bool]) -> None:
+    """All-reduces after the last matmul/conv of every path (weight gradients, the loss) are
+    independent of each other, and XLA's all-reduce combiner merges them into one: such
+    units pay the latency (alpha) of their all-reduce shared with the others."""
+    terminal_node = terminal_nodes(b.g, live)
+    terminal = [
+        u for u in units
+        if u.kind == "node" and all(terminal_node[i] for i in u.nodes)
+        and any(c.partial for c in u.cands)
+    ]  # fmt: skip
+    if len(terminal) < 2:
+        return
+    share = 1.0 - 1.0 / len(terminal)
+    adjusted: dict[int, list[Cand]] = {}
+    for u in terminal:
+        u.terminal = True
+        got = adjusted.get(id(u.cands))
+        if got is None:
+            got = []
+            for c in u.cands:
+                if c.partial:
+                    group = math.prod(b.sizes[a] for a in c.partial)
+                    saved = share * b.profile.link_latency * ring_steps("all-reduce", group)
+                    c = dataclasses.replace(c, cost=c.cost - saved, comm=c.comm - saved)
+                got.append(c)
+            adjusted[id(u.cands)] = got
+        u.cands = got
+
+
+def edges_of(b: _Builder, units: list[Unit], unit_of_var: dict[int, tuple[int, int]]) -> list[Edge]:
+    g = b.g
+    edges: list[Edge] = []
+    # Candidate lists are shared between units of the same signature (repeated layers), so
+    # distinct layouts and whole edge matrices are cached by the lists' identity.
+    layout_index: dict[tuple[int, int], tuple[list[L.DimAxes], np.ndarray]] = {}
+    matrices: dict[tuple[int, int, int, int, int], np.ndarray | None] = {}
+
+    def distinct(cands: list[Cand], pos: int, outs: bool) -> tuple[list[L.DimAxes], np.ndarray]:
+        key = (id(cands), pos if outs else -1 - pos)
+        got = layout_index.get(key)
+        if got is None:
+            lays: dict[L.DimAxes, int] = {}
+            idx = [lays.setdefault(c.outs[pos] if outs else c.ins[pos], len(lays))
+                   for c in cands]  # fmt: skip
+            got = (list(lays), np.asarray(idx))
+            layout_index[key] = got
+        return got
+
+    for u in units:
+        for slot, var in enumerate(u.slots):
+            owner = unit_of_var.get(var)
+            if owner is None or not g.shapes[var]:
+                continue  # literal, constant or scalar: free to lay out
+            src, out_pos = owner
+            nbytes = g.nbytes(var)
+            key = (id(units[src].cands), out_pos, id(u.cands), slot, nbytes)
+            if key in matrices:
+                matrix = matrices[key]
+            else:
+                src_lays, src_idx = distinct(units[src].cands, out_pos, True)
+                dst_lays, dst_idx = distinct(u.cands, slot, False)
+                small = np.array(
+                    [[b.reshard_time(s, d, nbytes) for d in dst_lays] for s in src_lays]
+                )
+                matrix = small[np.ix_(src_idx, dst_idx)] if small.any() else None
+                matrices[key] = matrix
+            if matrix is not None:
+                edges.append(Edge(src, out_pos, u.index, slot, var, matrix))
+    return edges
+
+
+def tie_outputs(b: _Builder, space: Space) -> None:
+    """Outputs tied to an input end in that input's layout: an edge producer -> input unit."""
+    g = space.graph
+    for out_pos, in_pos in space.ties.items():
+        var_out, var_in = g.outputs[out_pos], g.inputs[in_pos]
+        src = space.unit_of_var.get(var_out)
+        dst = space.unit_of_var.get(var_in)
+        if src is None or dst is None or src[0] == dst[0]:
+            continue
+        su, du = space.units[src[0]], space.units[dst[0]]
+        nbytes = g.nbytes(var_out)
+        matrix = np.array(
+            [
+                [b.reshard_time(cs.outs[src[1]], cd.outs[0], nbytes) for cd in du.cands]
+                for cs in su.cands
+            ]
+        )
+        if matrix.any():
+            space.edges.append(Edge(src[0], src[1], dst[0], -1, var_out, matrix))

@@ -1,0 +1,183 @@
+"""The exact search: the cost model's minimum as a mixed-integer program (scipy's HiGHS).
+
+Variables: one-hot ``x[u, k]`` per unit ``u`` and candidate ``k``. An edge between units ``p``
+and ``u`` with cost matrix ``M`` is linearised with the transportation (marginal) form: a
+continuous ``y[a, b] ≥ 0`` per distinct row ``a`` and distinct column ``b`` of ``M``, with
+``Σ_b y[a, b] = Σ_{j in a} x[p, j]`` and ``Σ_a y[a, b] = Σ_{k in b} x[u, k]``. With one-hot
+``x`` the only feasible ``y`` is their product, and its LP relaxation is much tighter than the
+``y ≥ x_p + x_u − 1`` form. Separable matrices (``M = a + b``) fold into the units' own costs
+and constant ones vanish. Memory budgets are linear rows over ``x``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_matrix
+
+from shardlab.parallel.recursive import Pairs, own_costs, pair_matrices
+from shardlab.parallel.space import Space
+
+SCALE = 1e6  # seconds -> microseconds: keeps HiGHS's absolute tolerances meaningful
+
+
+@dataclasses.dataclass(frozen=True)
+class IlpResult:
+    """The ILP's answer.
+
+    Attributes:
+        choice: candidate index per unit (``None`` when no feasible point was found).
+        optimal: proven optimal (within HiGHS's default relative gap of 1e-4).
+        objective: the model seconds of ``choice``.
+        message: HiGHS's status text.
+        variables: number of variables.
+    """
+
+    choice: list[int] | None
+    optimal: bool
+    objective: float
+    message: str
+    variables: int
+
+
+def ilp_size(space: Space) -> int:
+    """Variables the ILP would have (the ``auto`` threshold looks at this)."""
+    return arrays_size(own_costs(space), pair_matrices(space))
+
+
+def arrays_size(own: Sequence[np.ndarray], pairs: Pairs) -> int:
+    """Variables ``solve_arrays`` would create."""
+    n = sum(len(o) for o in own)
+    for m in pairs.values():
+        if np.ptp(m) > 0 and _separable(m) is None:
+            n += len(_groups(m)[0]) * len(_groups(m.T)[0])
+    return n
+
+
+def _separable(m: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    a = m[:, 0]
+    b = m[0, :] - m[0, 0]
+    if np.abs(m - a[:, None] - b[None, :]).max() <= 1e-9 * max(1.0, float(np.abs(m).max())):
+        return a, b
+    return None
+
+
+def _groups(m: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """First index of each distinct row, and each row's group (faster than np.unique for
+    the small matrices here)."""
+    seen: dict[bytes, int] = {}
+    firsts: list[int] = []
+    inverse = np.empty(len(m), dtype=np.int64)
+    for i, row in enumerate(m):
+        key = row.tobytes()
+        g = seen.get(key)
+        if g is None:
+            g = seen[key] = len(firsts)
+            firsts.append(i)
+        inverse[i] = g
+    return firsts, inverse
+
+
+def solve_ilp(
+    space: Space,
+    *,
+    time_limit: float = 30.0,
+    memory_rows: Sequence[tuple[list[np.ndarray], float]] = (),
+) -> IlpResult:
+    """Minimise the cost model exactly.
+
+    Args:
+        space: the strategy space.
+        time_limit: seconds for HiGHS; after it, the best incumbent (not proven optimal).
+        memory_rows: ``(per unit coefficient arrays, budget)``: ``Σ coeff·x ≤ budget``.
+    """
+    result = solve_arrays(own_costs(space), pair_matrices(space), time_limit=time_limit,
+                          memory_rows=memory_rows)  # fmt: skip
+    if result.choice is None:
+        return result
+    return dataclasses.replace(result, objective=space.total(result.choice))
+
+
+def solve_arrays(
+    own_seconds: Sequence[np.ndarray],
+    pair_seconds: Pairs,
+    *,
+    time_limit: float = 30.0,
+    memory_rows: Sequence[tuple[list[np.ndarray], float]] = (),
+) -> IlpResult:
+    """``solve_ilp`` on plain arrays: own costs per unit and summed pair matrices."""
+    own = [o * SCALE for o in own_seconds]
+    pairs: Pairs = {k: m * SCALE for k, m in pair_seconds.items()}
+    offset = [0]
+    for o in own:
+        offset.append(offset[-1] + len(o))
+    n_x = offset[-1]
+    cost: list[float] = []
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    lb: list[float] = []
+    ub: list[float] = []
+
+    def row(entries: list[tuple[int, float]], lo: float, hi: float) -> None:
+        r = len(lb)
+        for c, v in entries:
+            rows.append(r)
+            cols.append(c)
+            vals.append(v)
+        lb.append(lo)
+        ub.append(hi)
+
+    for u, o in enumerate(own):
+        row([(offset[u] + k, 1.0) for k in range(len(o))], 1.0, 1.0)
+    y_cost: list[float] = []
+    for (p, u), m in pairs.items():
+        if np.ptp(m) <= 0:
+            continue
+        split = _separable(m)
+        if split is not None:
+            own[p] = own[p] + split[0]
+            own[u] = own[u] + split[1]
+            continue
+        row_first, row_of = _groups(m)
+        col_first, col_of = _groups(m.T)
+        reduced = m[np.ix_(row_first, col_first)]
+        base = n_x + len(y_cost)
+        n_r, n_c = reduced.shape
+        y_cost.extend(reduced.ravel().tolist())
+        for a in range(n_r):
+            ent = [(base + a * n_c + b, 1.0) for b in range(n_c)]
+            ent += [(offset[p] + int(j), -1.0) for j in np.flatnonzero(row_of == a)]
+            row(ent, 0.0, 0.0)
+        for b in range(n_c):
+            ent = [(base + a * n_c + b, 1.0) for a in range(n_r)]
+            ent += [(offset[u] + int(k), -1.0) for k in np.flatnonzero(col_of == b)]
+            row(ent, 0.0, 0.0)
+    for coeffs, budget in memory_rows:
+        ent = [(offset[u] + k, float(c)) for u, arr in enumerate(coeffs) for k, c in
+               enumerate(arr) if c]  # fmt: skip
+        row(ent, -np.inf, float(budget))
+    cost = np.concatenate([*own, np.asarray(y_cost)]).tolist()
+    n = len(cost)
+    a = coo_matrix((vals, (rows, cols)), shape=(len(lb), n)).tocsr()
+    integrality = np.zeros(n)
+    integrality[:n_x] = 1
+    upper = np.concatenate([np.ones(n_x), np.full(n - n_x, np.inf)])
+    # scipy's stubs type Bounds/LinearConstraint bounds as float; arrays are documented.
+    bounds = Bounds(np.zeros(n), upper)  # pyright: ignore[reportArgumentType]
+    rows_ok = LinearConstraint(a, np.asarray(lb), np.asarray(ub))  # pyright: ignore[reportArgumentType]
+    res = milp(
+        c=np.asarray(cost),
+        integrality=integrality,
+        bounds=bounds,
+        constraints=rows_ok,
+        options={"time_limit": float(time_limit), "disp": False},
+    )
+    x = getattr(res, "x", None)
+    if x is None:
+        return IlpResult(None, False, float("inf"), str(res.message), n)
+    choice = [int(np.argmax(x[offset[u] : offset[u + 1]])) for u in range(len(own))]
+    return IlpResult(choice, res.status == 0, float(res.fun) / SCALE, str(res.message), n)

@@ -1,0 +1,327 @@
+"""``Plan``: a sharding strategy as a record, and what runs it.
+
+A plan holds the layout of every input and output, the intermediate constraints it relies on
+(``{node index: spec per output}`` and, where the model reshards an operand before an op,
+``{node index: {operand: spec}}``), its predicted ``CostBreakdown`` and a table of what was
+chosen per operation and what else was considered. ``jit()`` re-evaluates the traced function
+equation by equation with those constraints (``interpret.py``); ``verify()`` compiles it and
+reads the collectives. JSON round-trips are validated on load and never use pickle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from shardlab.parallel import layouts as L
+from shardlab.parallel.annotations import SearchError
+from shardlab.parallel.cost import resolve_profile
+from shardlab.parallel.interpret import interpreter
+from shardlab.parallel.records import (
+    Collective,
+    CostBreakdown,
+    Report,
+    _Record,
+)
+from shardlab.parallel.specs import make_spec
+
+FORMAT = "shardlab.plan/1"
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRow(_Record):
+    """One decision of the search, for ``Plan.table()``.
+
+    Attributes:
+        op: the primitive(s) of the unit (``input`` for an argument).
+        where: the argument path or the user's ``file:line``.
+        chosen: the split chosen (factor → mesh axes, or a ``P(...)`` for inputs).
+        cost: seconds of the chosen split: its own cost plus resharding from its producers.
+        alternatives: ``(split, seconds)`` of the next best candidates, same accounting.
+    """
+
+    op: str
+    where: str
+    chosen: str
+    cost: float
+    alternatives: tuple[tuple[str, float], ...] = ()
+
+
+@dataclasses.dataclass
+class _Binding:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    mesh: Mesh
+    graph: Any
+    in_tree: Any
+    out_tree: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan(_Record):
+    """A sharding strategy for one function, mesh and argument shapes.
+
+    Attributes:
+        method: ``propagate``, ``recursive``, ``ilp`` or a baseline's name.
+        mesh_shape: ``{axis: size}``.
+        input_paths: per flat argument leaf, its path (``params/w1``).
+        input_shapes: per flat argument leaf, its shape.
+        input_specs: per flat argument leaf, its layout (per-dimension mesh axes).
+        output_shapes: per flat output leaf, its shape.
+        output_specs: per flat output leaf, its layout.
+        constraints: ``(node index, primitive, layout or None per output)`` the plan applies
+            inside the function.
+        operand_constraints: ``(node index, operand position, layout)``: reshards before ops.
+        cost: the predicted ``CostBreakdown``.
+        optimal: the ILP proved optimality (``None``: not an exact method).
+        complete: False when the search was interrupted (the best plan found so far).
+        search_time: seconds, tracing included.
+        fingerprint: primitive/shape digest of the traced function (checked on ``bind``).
+        rows: the table of decisions.
+        notes: what the search did (which method ``auto`` used, budgets, warnings).
+        memory_budget: the per-device budget the plan was made for (bytes), if any.
+    """
+
+    method: str
+    mesh_shape: dict[str, int]
+    input_paths: tuple[str, ...]
+    input_shapes: tuple[tuple[int, ...], ...]
+    input_specs: tuple[L.DimAxes, ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    output_specs: tuple[L.DimAxes, ...]
+    constraints: tuple[tuple[int, str, tuple[L.DimAxes | None, ...]], ...]
+    operand_constraints: tuple[tuple[int, int, L.DimAxes], ...]
+    cost: CostBreakdown
+    optimal: bool | None = None
+    complete: bool = True
+    search_time: float = 0.0
+    fingerprint: str = ""
+    rows: tuple[PlanRow, ...] = ()
+    notes: tuple[str, ...] = ()
+    memory_budget: int | None = None
+    binding: _Binding | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    # -- shardings -----------------------------------------------------------------------
+    def _bound(self) -> _Binding:
+        if self.binding is None:
+            raise SearchError(
+                "this plan is not bound to a function (it was loaded from JSON): call "
+                "plan.bind(fn, *args, mesh=mesh) first"
+            )
+        return self.binding
+
+    @property
+    def mesh(self) -> Mesh:
+        return self._bound().mesh
+
+    @property
+    def in_shardings(self) -> Any:
+        """Pytree of ``NamedSharding`` matching the arguments."""
+        b = self._bound()
+        leaves = [NamedSharding(b.mesh, make_spec(s)) for s in self.input_specs]
+        return jax.tree_util.tree_unflatten(b.in_tree, leaves)
+
+    @property
+    def out_shardings(self) -> Any:
+        """Pytree of ``NamedSharding`` matching the outputs."""
+        b = self._bound()
+        leaves = [NamedSharding(b.mesh, make_spec(s)) for s in self.output_specs]
+        return jax.tree_util.tree_unflatten(b.out_tree, leaves)
+
+    def intermediate_specs(self) -> dict[int, tuple[PartitionSpec | None, ...]]:
+        """``{node index: spec per output}`` of the constraints inside the function."""
+        return {
+            i: tuple(None if s is None else make_spec(s) for s in specs)
+            for i, _, specs in self.constraints
+        }
+
+    # -- running -------------------------------------------------------------------------
+    def function(self) -> Callable[..., Any]:
+        """The traced function re-evaluated with the plan's constraints (not jitted)."""
+        b = self._bound()
+        outs = dict(self.intermediate_specs())
+        ins: dict[int, dict[int, PartitionSpec]] = {}
+        for node, pos, lay in self.operand_constraints:
+            ins.setdefault(node, {})[pos] = make_spec(lay)
+        run = interpreter(b.graph, b.mesh, outs, b.in_tree, ins)
+        out_tree = b.out_tree
+
+        def planned(*args: Any) -> Any:
+            return jax.tree_util.tree_unflatten(out_tree, list(run(*args)))
+
+        return planned
+
+    def show(self) -> Any:
+        """The plan's communication graph: predicted (this plan's cost) beside compiled.
+
+        Rendered by ``shardlab.widgets`` (which ``import shardlab`` loads); the parallel core
+        itself never imports a view library.
+        """
+        viewer = VIEWERS.get("plan")
+        if viewer is None:
+            raise RuntimeError("plan.show() needs the views: import shardlab first")
+        return viewer(self)
+
+    def jit(self, **jit_kwargs: Any) -> Callable[..., Any]:
+        """``jax.jit`` of the function with the plan's in/out shardings and constraints."""
+        kwargs = {"in_shardings": self.in_shardings, "out_shardings": self.out_shardings}
+        kwargs.update(jit_kwargs)
+        return jax.jit(self.function(), **kwargs)
+
+    def verify(self) -> Report:
+        """Compile the plan and read the actual collectives and per-device memory."""
+        from shardlab.parallel.analyze import analyze
+
+        b = self._bound()
+        return analyze(
+            self.function(),
+            *b.args,
+            mesh=b.mesh,
+            in_shardings=self.in_shardings,
+            out_shardings=self.out_shardings,
+        )
+
+    # -- views ---------------------------------------------------------------------------
+    def table(self, limit: int | None = 40) -> str:
+        """Per operation: the chosen split, its cost and the alternatives considered."""
+        lines = [
+            f"plan ({self.method}) on mesh {self.mesh_shape}: predicted "
+            f"{self.cost.time * 1e3:.3f} ms (comm {self.cost.comm_time * 1e3:.3f} ms), "
+            f"{self.cost.memory.peak / 2**20:.2f} MiB/device",
+            "| op | where | chosen | cost (µs) | alternatives (µs) |",
+            "|---|---|---|---|---|",
+        ]
+        rows = sorted(self.rows, key=lambda r: -r.cost)
+        for r in rows[:limit] if limit else rows:
+            alts = ", ".join(f"{a} {c * 1e6:.2f}" for a, c in r.alternatives) or "-"
+            lines.append(f"| {r.op} | {r.where} | {r.chosen} | {r.cost * 1e6:.2f} | {alts} |")
+        if not self.rows:
+            lines.append("| - | - | fixed strategy (no search) | - | - |")
+        lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+    def to_code(self) -> str:
+        """Python source with the ``PartitionSpec``s, ready to paste."""
+        in_leaves = [_Code(str(make_spec(s))) for s in self.input_specs]
+        out_leaves = [_Code(str(make_spec(s))) for s in self.output_specs]
+        if self.binding is not None:
+            ins = repr(jax.tree_util.tree_unflatten(self.binding.in_tree, in_leaves))
+            outs = repr(jax.tree_util.tree_unflatten(self.binding.out_tree, out_leaves))
+        else:
+            ins, outs = repr(tuple(in_leaves)), repr(tuple(out_leaves))
+        mesh_args = ", ".join(f"{k}={v}" for k, v in self.mesh_shape.items())
+        lines = [
+            f"# shardlab plan ({self.method}): predicted {self.cost.time * 1e3:.3f} ms, "
+            f"{self.cost.memory.peak / 2**20:.2f} MiB/device",
+            "import jax",
+            "import shardlab",
+            "from jax.sharding import NamedSharding, PartitionSpec as P",
+            "",
+            f"mesh = shardlab.mesh({mesh_args})",
+            "",
+            "def _named(tree):",
+            "    return jax.tree.map(lambda s: NamedSharding(mesh, s), tree,",
+            "                        is_leaf=lambda s: isinstance(s, P))",
+            "",
+            f"in_shardings = _named({ins})",
+            f"out_shardings = _named({outs})",
+            "step = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings)",
+        ]
+        if self.constraints or self.operand_constraints:
+            lines += ["", "# Intermediate constraints the plan relies on (plan.jit() applies "
+                      "them); to apply by hand, add", "# jax.lax.with_sharding_constraint("
+                      "x, NamedSharding(mesh, spec)) at these lines:"]  # fmt: skip
+            where = {r.op_index: r for r in _index_rows(self)}
+            for i, prim, specs in self.constraints:
+                src = where[i].source if i in where else ""
+                text = ", ".join("-" if s is None else str(make_spec(s)) for s in specs)
+                lines.append(f"#   node {i} {prim} {src}: {text}")
+            for i, pos, lay in self.operand_constraints:
+                lines.append(f"#   node {i} operand {pos}: {make_spec(lay)}")
+        return "\n".join(lines) + "\n"
+
+    # -- records -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out.pop("binding", None)
+        out["format"] = FORMAT
+        out["cost"] = self.cost.to_dict()
+        return out
+
+    def to_json(self) -> str:
+        """JSON text (``Plan.from_json`` reads it back, validated)."""
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(
+        cls,
+        text: str,
+        *,
+        fn: Callable[..., Any] | None = None,
+        args: tuple[Any, ...] | None = None,
+        mesh: Mesh | None = None,
+    ) -> Plan:
+        """Load a plan; with ``fn``, ``args`` and ``mesh`` it is bound and runnable.
+
+        Raises:
+            SearchError: malformed JSON, a wrong format, specs naming unknown mesh axes,
+                specs that do not fit their shapes, or a mesh that differs from the plan's.
+        """
+        from shardlab.parallel.plan_io import plan_from_dict
+
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SearchError(f"not a plan: invalid JSON ({e})") from e
+        plan = plan_from_dict(data)
+        if fn is not None:
+            if args is None or mesh is None:
+                raise SearchError("Plan.from_json(text, fn=..., args=(...), mesh=...): give all")
+            plan = plan.bind(fn, *args, mesh=mesh)
+        return plan
+
+    def bind(self, fn: Callable[..., Any], *args: Any, mesh: Mesh) -> Plan:
+        """This plan attached to ``fn`` and example ``args`` (traced again and checked)."""
+        from shardlab.parallel.plan_io import bind_plan
+
+        return bind_plan(self, fn, args, mesh)
+
+    def compiled_comm_time(self, report: Report, device: Any = None) -> float:
+        """Alpha-beta seconds of a compiled report's collectives (the target-1 metric)."""
+        return comm_time(report.collectives, device or self.cost.device)
+
+
+class _Code(str):
+    def __repr__(self) -> str:
+        return str(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class _IndexRow:
+    op_index: int
+    source: str
+
+
+def _index_rows(plan: Plan) -> list[_IndexRow]:
+    if plan.binding is None:
+        return []
+    nodes = plan.binding.graph.nodes
+    return [_IndexRow(i, nodes[i].source) for i, _, _ in plan.constraints if i < len(nodes)]
+
+
+# Renderers registered by shardlab.widgets (dependency inversion: parallel -> no view code).
+VIEWERS: dict[str, Callable[[Any], Any]] = {}
+
+
+def comm_time(collectives: tuple[Collective, ...], device: Any = None) -> float:
+    """Alpha-beta seconds of collectives under a device profile."""
+    profile = resolve_profile(device)
+    return sum(
+        profile.collective_time(c.kind, c.wire_bytes, c.group_size, c.mesh_axes) * c.count
+        for c in collectives
+    )

@@ -1,0 +1,275 @@
+"""From a search's choice (one candidate per unit) to a ``Plan`` record.
+
+The plan's ``CostBreakdown`` is the cost model's own account of the choice: the partial-sum
+all-reduces of the chosen splits, the reshards on edges (one per variable and target layout,
+as XLA's CSE does), compute per device, and per-device memory from the chosen layouts.
+Constraints pin the choice for the partitioner: every op output that is not a unary
+elementwise follower, and every operand the model reshards before an op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from shardlab.parallel import layouts as L
+from shardlab.parallel.cost import wire_bytes
+from shardlab.parallel.edges import combine_all_reduces
+from shardlab.parallel.plan import Plan, PlanRow
+from shardlab.parallel.records import Collective, CostBreakdown, DeviceMemoryEstimate
+from shardlab.parallel.rules import RULES
+from shardlab.parallel.space import Space, _is_follower
+
+
+def var_layouts(space: Space, choice: list[int]) -> dict[int, L.DimAxes]:
+    """Per variable (including inside merged chains), the layout the choice gives it."""
+    g = space.graph
+    out: dict[int, L.DimAxes] = {}
+    for u in space.units:
+        cand = u.cands[choice[u.index]]
+        if len(u.nodes) > 1:
+            for i in u.nodes:
+                out[g.nodes[i].outputs[0]] = cand.outs[0]
+        else:
+            for v, lay in zip(u.outs, cand.outs, strict=True):
+                out[v] = lay
+    return out
+
+
+def plan_memory(space: Space, choice: list[int]) -> DeviceMemoryEstimate:
+    """Per-device memory of a choice: arguments, plus the liveness peak of intermediates in
+    program order, where a variable also holds one copy per other layout its consumers need
+    (a gathered parameter, a resharded activation) and outputs end in their final layout."""
+    g, sizes = space.graph, space.sizes
+    lays = var_layouts(space, choice)
+    copies: dict[int, set[L.DimAxes]] = {}
+    for e in space.edges:
+        src = space.units[e.src].cands[choice[e.src]].outs[e.src_out]
+        dst_c = space.units[e.dst].cands[choice[e.dst]]
+        dst = dst_c.ins[e.dst_slot] if e.dst_slot >= 0 else dst_c.outs[0]
+        if dst != src:
+            copies.setdefault(e.var, set()).add(dst)
+
+    def local(v: int, lay: L.DimAxes | None) -> int:
+        return L.local_bytes(g.nbytes(v), lay or L.replicated(len(g.shapes[v])), sizes)
+
+    def extra(v: int) -> int:
+        return sum(local(v, lay) for lay in copies.get(v, ()))
+
+    live = space.live
+    inputs = set(g.inputs)
+    used = {v for n in g.nodes if live[n.index] for v in n.inputs} | set(g.outputs)
+    params = sum(local(v, lays.get(v)) for v in dict.fromkeys(g.inputs) if v in used)
+    outputs = sum(local(v, lays.get(v)) + extra(v) for v in dict.fromkeys(g.outputs))
+    last_use: dict[int, int] = {}
+    for n in g.nodes:
+        if live[n.index]:
+            for v in n.inputs:
+                last_use[v] = n.index
+    keep = set(g.outputs) | inputs
+    live_bytes = sum(extra(v) for v in inputs if v in used)
+    peak = live_bytes
+    for n in g.nodes:
+        if not live[n.index]:
+            continue
+        for v in n.outputs:
+            live_bytes += local(v, lays.get(v)) + extra(v)
+        peak = max(peak, live_bytes)
+        for v in set(n.inputs):
+            if last_use.get(v) != n.index or v in g.outputs:
+                continue
+            if v in inputs:
+                live_bytes -= extra(v)
+            elif v not in keep and g.producer(v) >= 0:
+                live_bytes -= local(v, lays.get(v)) + extra(v)
+    return DeviceMemoryEstimate(
+        parameters=params, outputs=outputs, activations=peak, peak=params + peak
+    )
+
+
+def memory_of(space: Space, choice: list[int]) -> float:
+    """Per-device peak memory (``plan_memory(...).peak``) of a choice."""
+    return float(plan_memory(space, choice).peak)
+
+
+def cost_of(space: Space, choice: list[int]) -> CostBreakdown:
+    """The cost model's ``CostBreakdown`` of a choice."""
+    g, sizes, profile = space.graph, space.sizes, space.profile
+    colls: list[Collective] = []
+    emitters: list[int] = []
+
+    def add(kind: str, nbytes: int, group: int, axes: tuple[str, ...], node: int) -> None:
+        if group <= 1:
+            return
+        n = g.nodes[node] if node >= 0 else None
+        emitters.append(node)
+        colls.append(Collective(
+            kind=kind, bytes=int(nbytes), group_size=int(group),
+            mesh_axes=tuple(a for a in sizes if a in axes), wire_bytes=wire_bytes(kind, nbytes,
+                                                                                  group),
+            op_name=n.primitive if n else "output", source=n.source if n else "",
+        ))  # fmt: skip
+
+    compute = 0.0
+    for u in space.units:
+        cand = u.cands[choice[u.index]]
+        compute += cand.cost - cand.comm
+        if cand.partial:
+            node = g.nodes[u.nodes[0]]
+            group = math.prod(sizes[a] for a in cand.partial)
+            for v, lay in zip(node.outputs, cand.outs, strict=False):
+                nbytes = L.local_bytes(g.nbytes(v), lay, sizes)
+                add("all-reduce", nbytes, group, cand.partial, node.index)
+    seen: set[tuple[int, L.DimAxes]] = set()
+    for e in space.edges:
+        src_lay = space.units[e.src].cands[choice[e.src]].outs[e.src_out]
+        dst_u = space.units[e.dst]
+        dst_cand = dst_u.cands[choice[e.dst]]
+        dst_lay = dst_cand.ins[e.dst_slot] if e.dst_slot >= 0 else dst_cand.outs[0]
+        if src_lay == dst_lay or (e.var, dst_lay) in seen:
+            continue
+        seen.add((e.var, dst_lay))
+        node = dst_u.nodes[0] if dst_u.nodes else -1
+        for kind, nbytes, group, axes in L.reshard(src_lay, dst_lay, g.nbytes(e.var), sizes):
+            add(kind, nbytes, group, axes, node)
+    colls = combine_all_reduces(g, colls, emitters)  # as XLA's all-reduce combiner does
+    per_axis: dict[str, float] = {}
+    time_axis: dict[str, float] = {}
+    for c in colls:
+        key = "+".join(c.mesh_axes) or "-"
+        per_axis[key] = per_axis.get(key, 0.0) + c.wire_bytes
+        t = profile.collective_time(c.kind, c.wire_bytes, c.group_size, c.mesh_axes)
+        time_axis[key] = time_axis.get(key, 0.0) + t
+    unknown = {
+        g.nodes[u.nodes[0]].primitive
+        for u in space.units
+        if u.kind == "node" and g.nodes[u.nodes[0]].primitive not in RULES
+        and g.nodes[u.nodes[0]].primitive not in ("sharding_constraint", "reshard")
+    }  # fmt: skip
+    warnings = tuple(
+        f"no sharding rule for primitive {p!r} (control flow and unknown ops stay "
+        "replicated; their bodies are not searched)"
+        for p in sorted(unknown)
+    )
+    return CostBreakdown(
+        collectives=tuple(colls),
+        comm_bytes_per_axis=per_axis,
+        comm_time_per_axis=time_axis,
+        flops=compute * profile.peak_flops,
+        compute_time=compute,
+        memory=plan_memory(space, choice),
+        device=profile.name,
+        warnings=warnings,
+    )
+
+
+def _rows(space: Space, choice: list[int], paths: list[str]) -> tuple[PlanRow, ...]:
+    g = space.graph
+    local = [np.array([c.cost for c in u.cands]) for u in space.units]
+    for e in space.edges:
+        local[e.dst] = local[e.dst] + e.matrix[choice[e.src]]
+    pos_of_input = {v: i for i, v in enumerate(g.inputs)}
+    rows = []
+    for u in space.units:
+        if len(u.cands) < 2:
+            continue
+        k = choice[u.index]
+        order = [j for j in np.argsort(local[u.index], kind="stable") if j != k][:3]
+        if u.kind == "input":
+            op = "input"
+            where = paths[pos_of_input[u.outs[0]]] if u.outs[0] in pos_of_input else ""
+        else:
+            op = "+".join(g.nodes[i].primitive for i in u.nodes)
+            where = g.nodes[u.nodes[0]].source
+        rows.append(
+            PlanRow(
+                op=op,
+                where=where,
+                chosen=u.cands[k].label,
+                cost=float(local[u.index][k]),
+                alternatives=tuple((u.cands[j].label, float(local[u.index][j])) for j in order),
+            )
+        )
+    return tuple(rows)
+
+
+def _constraints(space: Space, choice: list[int], lays: dict[int, L.DimAxes]):
+    g = space.graph
+    outs = []
+    for u in space.units:
+        if u.kind != "node" or u.fixed:
+            continue
+        node = g.nodes[u.nodes[0]]
+        if _is_follower(node, g) is not None:
+            continue
+        specs = tuple(lays.get(v) if g.shapes[v] else None for v in node.outputs)
+        if any(s is not None for s in specs):
+            outs.append((node.index, node.primitive, specs))
+    operands = []
+    for u in space.units:
+        if u.kind != "node" or u.fixed:
+            continue
+        cand = u.cands[choice[u.index]]
+        node = g.nodes[u.nodes[0]]
+        for pos, v in enumerate(u.slots):
+            have = lays.get(v)
+            if have is None or not g.shapes[v] or cand.ins[pos] == have:
+                continue
+            operands.append((node.index, pos, cand.ins[pos]))
+    return tuple(outs), tuple(operands)
+
+
+def make_plan(
+    space: Space,
+    choice: list[int],
+    binding: Any,
+    *,
+    method: str,
+    paths: list[str],
+    optimal: bool | None,
+    complete: bool,
+    notes: list[str],
+    memory_budget: float | None,
+    fingerprint: str,
+    start: float,
+) -> Plan:
+    """The ``Plan`` record of a choice."""
+    g = space.graph
+    lays = var_layouts(space, choice)
+    ins = tuple(lays.get(v, L.replicated(len(g.shapes[v]))) for v in g.inputs)
+    outs = []
+    for pos, v in enumerate(g.outputs):
+        if pos in space.ties:
+            outs.append(ins[space.ties[pos]])
+        else:
+            outs.append(lays.get(v, L.replicated(len(g.shapes[v]))))
+    constraints, operands = _constraints(space, choice, lays)
+    cost = cost_of(space, choice)
+    if memory_budget is not None and cost.memory.peak > memory_budget:
+        notes.append(
+            f"predicted {cost.memory.peak} B/device exceeds the budget {memory_budget:.0f} B"
+        )
+    plan = Plan(
+        method=method,
+        mesh_shape=dict(space.sizes),
+        input_paths=tuple(paths),
+        input_shapes=tuple(tuple(g.shapes[v]) for v in g.inputs),
+        input_specs=ins,
+        output_shapes=tuple(tuple(g.shapes[v]) for v in g.outputs),
+        output_specs=tuple(outs),
+        constraints=constraints,
+        operand_constraints=operands,
+        cost=cost,
+        optimal=optimal,
+        complete=complete,
+        fingerprint=fingerprint,
+        rows=_rows(space, choice, paths),
+        notes=tuple(notes),
+        memory_budget=None if memory_budget is None else int(memory_budget),
+        binding=binding,
+    )
+    return dataclasses.replace(plan, search_time=time.perf_counter() - start)

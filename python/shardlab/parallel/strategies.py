@@ -1,0 +1,320 @@
+"""Baseline strategies as plans: replicated, data parallel, Megatron, ZeRO and combinations.
+
+A baseline fixes only the argument (and updated-argument) layouts, as a person writing
+``jax.jit(step, in_shardings=...)`` would; the partitioner propagates the rest. Its predicted
+cost comes from ``propagate`` (the same model ``shardlab.predict`` uses).
+
+Conventions (override with the keyword arguments): the *last* positional argument is the
+batch (its leaves are split on their leading dimension), the first is the parameters, and
+any in between are optimizer state (same structure as the parameters).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax.sharding import Mesh
+
+from shardlab.parallel import layouts as L
+from shardlab.parallel.annotations import SearchError, leaf_paths, path_text
+from shardlab.parallel.cost import DeviceProfile, resolve_profile
+from shardlab.parallel.edges import combine_all_reduces
+from shardlab.parallel.mesh import mesh_shape_of
+from shardlab.parallel.opgraph import OpGraph, build_from_jaxpr
+from shardlab.parallel.plan import Plan
+from shardlab.parallel.plan_io import binding_for, fingerprint
+from shardlab.parallel.predict import memory_estimate
+from shardlab.parallel.propagate import propagate
+from shardlab.parallel.records import CostBreakdown
+
+
+class _Traced:
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], mesh: Mesh,
+                 traced: tuple[Any, Any, OpGraph] | None = None):  # fmt: skip
+        from shardlab.parallel.search import find_ties
+
+        if traced is not None:
+            self.closed, self.out_shape, self.graph = traced
+        else:
+            try:
+                self.closed, self.out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+            except Exception as e:  # the user's function
+                raise SearchError(f"{getattr(fn, '__name__', fn)!r} does not trace: {e}") from e
+            self.graph = build_from_jaxpr(self.closed)
+        self.fn, self.args, self.mesh = fn, args, mesh
+        self.sizes = mesh_shape_of(mesh)
+        self.ties = find_ties(args, self.out_shape)
+        counts = [len(jax.tree_util.tree_leaves(a)) for a in args]
+        self.arg_of_leaf = [i for i, n in enumerate(counts) for _ in range(n)]
+        self.paths = [path_text(p) for p in leaf_paths(fn, args)]
+
+    def shapes(self) -> list[tuple[int, ...]]:
+        return [self.graph.shapes[v] for v in self.graph.inputs]
+
+
+def _split(shape: tuple[int, ...], dim: int, axes: Sequence[str], sizes: dict[str, int]):
+    """Axes (a prefix of ``axes``) that divide ``shape[dim]``."""
+    keep = list(axes)
+    while keep and shape[dim] % math.prod(sizes[a] for a in keep):
+        keep.pop()
+    return tuple(keep)
+
+
+def _with(lay: L.DimAxes, dim: int, axes: tuple[str, ...]) -> L.DimAxes:
+    used = {a for ax in lay for a in ax}
+    add = tuple(a for a in axes if a not in used)
+    return tuple((*ax, *add) if d == dim else ax for d, ax in enumerate(lay))
+
+
+def _batch_layouts(t: _Traced, layouts: list[L.DimAxes], axes: Sequence[str], batch: set[int]):
+    for i, shape in enumerate(t.shapes()):
+        if t.arg_of_leaf[i] in batch and shape:
+            got = _split(shape, 0, axes, t.sizes)
+            if got:
+                layouts[i] = _with(layouts[i], 0, got)
+
+
+def megatron_specs(t: _Traced, axis: str, params: set[int]) -> dict[int, L.DimAxes]:
+    """Tensor-parallel layouts for weights found in the graph: a weight whose matmul output
+    reaches another weight's first matmul is split on its output features (column), the
+    other on its input features (row), alternating as in Megatron-LM."""
+    g = t.graph
+    first_use: dict[int, int] = {}
+    leaf_of_var = {v: i for i, v in enumerate(g.inputs) if t.arg_of_leaf[i] in params}
+    for node in g.nodes:
+        if node.primitive != "dot_general":
+            continue
+        for v in node.inputs:
+            if v in leaf_of_var and len(g.shapes[v]) >= 2:
+                first_use.setdefault(v, node.index)
+    dot_of = {n: v for v, n in first_use.items()}
+    role: dict[int, str] = {}
+    out: dict[int, L.DimAxes] = {}
+    size = t.sizes[axis]
+    for v in sorted(first_use, key=lambda w: first_use[w]):
+        node = g.nodes[first_use[v]]
+        (lc, rc), (lb, rb) = node.params["dimension_numbers"]
+        pos = node.inputs.index(v)
+        contract, batch = (lc, lb) if pos == 0 else (rc, rb)
+        rank = len(g.shapes[v])
+        free = [d for d in range(rank) if d not in contract and d not in batch]
+        if role.get(v) == "row":
+            dims = [d for d in contract if g.shapes[v][d] % size == 0]
+            if dims:
+                out[v] = _with(L.replicated(rank), dims[-1], (axis,))
+            continue
+        reached = _reached_weights(g, node.index, dot_of, v)
+        if not reached or not free or g.shapes[v][free[-1]] % size:
+            continue
+        out[v] = _with(L.replicated(rank), free[-1], (axis,))
+        role[v] = "col"
+        for w in reached:
+            role.setdefault(w, "row")
+    return {leaf: out[v] for v, leaf in leaf_of_var.items() if v in out}
+
+
+def _reached_weights(g: OpGraph, start: int, dot_of: dict[int, int], own: int) -> list[int]:
+    """Weights whose first matmul is reached from node ``start``'s output, not passing
+    through another weight's first matmul."""
+    seen = {start}
+    stack = [start]
+    found: list[int] = []
+    while stack:
+        n = stack.pop()
+        for v in g.nodes[n].outputs:
+            for c in g.consumers(v):
+                if c in seen:
+                    continue
+                seen.add(c)
+                w = dot_of.get(c)
+                if w is not None and w != own:
+                    found.append(w)
+                    continue
+                stack.append(c)
+    return found
+
+
+def _cost(t: _Traced, ins: list[L.DimAxes], outs: list[L.DimAxes | None], profile):
+    prop = propagate(t.graph, ins, t.sizes, profile, output_layouts=outs)
+    collectives = combine_all_reduces(t.graph, prop.collectives, prop.collective_nodes)
+    per_axis: dict[str, float] = {}
+    time_axis: dict[str, float] = {}
+    for c in collectives:
+        key = "+".join(c.mesh_axes) or "-"
+        per_axis[key] = per_axis.get(key, 0.0) + c.wire_bytes * c.count
+        time_axis[key] = time_axis.get(key, 0.0) + c.count * profile.collective_time(
+            c.kind, c.wire_bytes, c.group_size, c.mesh_axes
+        )
+    cost = CostBreakdown(
+        collectives=tuple(collectives),
+        comm_bytes_per_axis=per_axis,
+        comm_time_per_axis=time_axis,
+        flops=prop.flops,
+        compute_time=prop.flops / profile.peak_flops,
+        memory=memory_estimate(t.graph, prop, t.sizes),
+        device=profile.name,
+        warnings=tuple(dict.fromkeys(prop.warnings)),
+    )
+    return cost, prop
+
+
+def _plan(t: _Traced, name: str, ins: list[L.DimAxes], device: Any, start: float) -> Plan:
+    profile = resolve_profile(device)
+    g = t.graph
+    outs: list[L.DimAxes | None] = [None] * len(g.outputs)
+    for o, i in t.ties.items():
+        outs[o] = ins[i]
+    cost, prop = _cost(t, ins, outs, profile)
+    out_specs = tuple(
+        o if o is not None else (prop.layouts[v] or L.replicated(len(g.shapes[v])))
+        for o, v in zip(outs, g.outputs, strict=True)
+    )
+    binding = binding_for(t.fn, t.args, t.mesh, (t.closed, t.out_shape), g)
+    return Plan(
+        method=name,
+        mesh_shape=dict(t.sizes),
+        input_paths=tuple(t.paths),
+        input_shapes=tuple(tuple(s) for s in t.shapes()),
+        input_specs=tuple(ins),
+        output_shapes=tuple(tuple(g.shapes[v]) for v in g.outputs),
+        output_specs=out_specs,
+        constraints=(),
+        operand_constraints=(),
+        cost=cost,
+        search_time=time.perf_counter() - start,
+        fingerprint=fingerprint(g),
+        notes=(f"baseline {name}: argument layouts fixed, the partitioner propagates the rest",),
+        binding=binding,
+    )
+
+
+def _roles(t: _Traced, batch_argnums: Sequence[int] | None) -> tuple[set[int], set[int], set[int]]:
+    n = len(t.args)
+    batch = set(batch_argnums) if batch_argnums is not None else {n - 1}
+    for b in batch:
+        if not 0 <= b < n:
+            raise SearchError(f"batch_argnums {b} out of range for {n} arguments")
+    params = {0} - batch if n > 1 else set()
+    state = set(range(1, n)) - batch
+    return batch, params, state
+
+
+def _check_axes(t: _Traced, axes: Sequence[str], what: str) -> None:
+    for a in axes:
+        if a not in t.sizes:
+            raise SearchError(f"{what}: mesh axis {a!r} not in mesh axes {list(t.sizes)}")
+
+
+def build(
+    fn: Callable[..., Any],
+    *args: Any,
+    mesh: Mesh,
+    data_axes: Sequence[str] = (),
+    model_axis: str | None = None,
+    zero_axes: Sequence[str] = (),
+    batch_argnums: Sequence[int] | None = None,
+    device: str | DeviceProfile | None = None,
+    name: str = "",
+    traced: tuple[Any, Any, OpGraph] | None = None,
+) -> Plan:
+    """A baseline from its ingredients: batch split over ``data_axes``, Megatron tensor
+    parallelism over ``model_axis``, optimizer state (or, without any, parameters) split over
+    ``zero_axes``."""
+    start = time.perf_counter()
+    t = _Traced(fn, tuple(args), mesh, traced)
+    _check_axes(t, [*data_axes, *zero_axes, *([model_axis] if model_axis else [])], name)
+    batch, params, state = _roles(t, batch_argnums)
+    shapes = t.shapes()
+    layouts = [L.replicated(len(s)) for s in shapes]
+    _batch_layouts(t, layouts, data_axes, batch)
+    if model_axis is not None:
+        for leaf, lay in megatron_specs(t, model_axis, params).items():
+            layouts[leaf] = lay
+        _copy_to_state(t, layouts, params, state)
+    if zero_axes:
+        targets = state or params
+        for i, shape in enumerate(shapes):
+            if t.arg_of_leaf[i] not in targets:
+                continue
+            for d in range(len(shape)):
+                got = _split(shape, d, zero_axes, t.sizes)
+                free = not layouts[i][d] and not {a for ax in layouts[i] for a in ax} & set(got)
+                if got and free and shape[d] % (math.prod(t.sizes[a] for a in got)) == 0:
+                    layouts[i] = _with(layouts[i], d, got)
+                    break
+    return _plan(t, name or "custom", layouts, device, start)
+
+
+def _copy_to_state(t: _Traced, layouts: list[L.DimAxes], params: set[int], state: set[int]):
+    """Optimizer state with the parameters' structure takes the parameters' layouts."""
+    shapes = t.shapes()
+    param_leaves = [i for i, a in enumerate(t.arg_of_leaf) if a in params]
+    for s in state:
+        leaves = [i for i, a in enumerate(t.arg_of_leaf) if a == s]
+        if len(leaves) == len(param_leaves):
+            for i, p in zip(leaves, param_leaves, strict=True):
+                if shapes[i] == shapes[p]:
+                    layouts[i] = layouts[p]
+
+
+def replicated(fn, *args, mesh: Mesh, device=None, traced=None) -> Plan:
+    """Everything on every device (no communication, no saving)."""
+    return build(fn, *args, mesh=mesh, device=device, name="replicated", traced=traced)
+
+
+def data_parallel(fn, *args, mesh: Mesh, axes=None, batch_argnums=None, device=None,
+                  traced=None) -> Plan:  # fmt: skip
+    """The batch split over ``axes`` (default: all mesh axes), parameters replicated."""
+    axes = tuple(mesh.axis_names) if axes is None else tuple(axes)
+    return build(fn, *args, mesh=mesh, data_axes=axes, batch_argnums=batch_argnums,
+                 device=device, name="data_parallel", traced=traced)  # fmt: skip
+
+
+def megatron(fn, *args, mesh: Mesh, model_axis=None, data_axes=(), batch_argnums=None,
+             device=None, traced=None) -> Plan:  # fmt: skip
+    """Megatron tensor parallelism over ``model_axis`` (default: the last mesh axis) for the
+    matmul pairs found in the graph (MLP and attention blocks), plus the batch split over
+    ``data_axes``."""
+    model_axis = model_axis or str(mesh.axis_names[-1])
+    name = "megatron" if not data_axes else "data_parallel+megatron"
+    return build(fn, *args, mesh=mesh, data_axes=tuple(data_axes), model_axis=model_axis,
+                 batch_argnums=batch_argnums, device=device, name=name,
+                 traced=traced)  # fmt: skip
+
+
+def zero(fn, *args, mesh: Mesh, axes=None, model_axis=None, batch_argnums=None,
+         device=None, traced=None) -> Plan:  # fmt: skip
+    """ZeRO: data parallel over ``axes`` with the optimizer state split over them too (when
+    the function has no optimizer-state argument, the parameters are split: ZeRO-3/FSDP);
+    with ``model_axis``, Megatron on that axis as well."""
+    axes = tuple(a for a in mesh.axis_names if a != model_axis) if axes is None else axes
+    name = "zero" if model_axis is None else "zero+megatron"
+    return build(fn, *args, mesh=mesh, data_axes=tuple(axes), zero_axes=tuple(axes),
+                 model_axis=model_axis, batch_argnums=batch_argnums, device=device,
+                 name=name, traced=traced)  # fmt: skip
+
+
+def baselines(fn, *args, mesh: Mesh, batch_argnums=None, device=None,
+              traced=None) -> dict[str, Plan]:  # fmt: skip
+    """Every baseline for this mesh: 1-D meshes get replicated, data parallel, Megatron and
+    ZeRO; 2-D meshes also data parallel × Megatron and ZeRO × Megatron (data on the first
+    axis, model on the last). ``traced``: ``(closed jaxpr, output shape, OpGraph)`` of a
+    previous trace, to skip tracing again."""
+    names = [str(a) for a in mesh.axis_names]
+    kw = {"mesh": mesh, "batch_argnums": batch_argnums, "device": device, "traced": traced}
+    out = {
+        "replicated": replicated(fn, *args, mesh=mesh, device=device, traced=traced),
+        "data_parallel": data_parallel(fn, *args, **kw),
+        "megatron": megatron(fn, *args, model_axis=names[-1], **kw),
+        "zero": zero(fn, *args, **kw),
+    }
+    if len(names) > 1:
+        data = tuple(names[:-1])
+        out["data_parallel+megatron"] = megatron(fn, *args, model_axis=names[-1],
+                                                 data_axes=data, **kw)  # fmt: skip
+        out["zero+megatron"] = zero(fn, *args, axes=data, model_axis=names[-1], **kw)
+    return out

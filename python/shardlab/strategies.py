@@ -1,0 +1,13 @@
+"""``shardlab.strategies``: baseline sharding strategies as ``Plan``s.
+
+``replicated``, ``data_parallel``, ``megatron`` (tensor parallel for the MLP/attention
+matmul pairs found in the graph), ``zero`` (optimizer-state sharding over the data axes),
+their combinations on 2-D meshes, and ``baselines`` (all of them for a mesh). Each returns a
+``Plan`` with ``jit()``, ``verify()``, ``to_code()`` like ``shardlab.search``'s.
+"""
+
+from __future__ import annotations
+
+from shardlab.parallel.strategies import baselines, build, data_parallel, megatron, replicated, zero
+
+__all__ = ["baselines", "build", "data_parallel", "megatron", "replicated", "zero"]
