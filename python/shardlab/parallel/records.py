@@ -94,8 +94,23 @@ def comm_by_kind(collectives: tuple[Collective, ...]) -> dict[str, float]:
     return out
 
 
+class _Communicates:
+    """Per-kind wire bytes of a record's ``collectives`` (Report and CostBreakdown alike)."""
+
+    collectives: tuple[Collective, ...]
+
+    @property
+    def comm_bytes(self) -> dict[str, float]:
+        """Per kind, per device, on the wire (ring model); the same units in every record."""
+        return comm_by_kind(self.collectives)
+
+    @property
+    def total_comm_bytes(self) -> float:
+        return sum(self.comm_bytes.values())
+
+
 @dataclasses.dataclass(frozen=True)
-class Report(_Record):
+class Report(_Communicates, _Record):
     """What the compiler actually did: read from the compiled, partitioned HLO.
 
     Attributes:
@@ -115,15 +130,6 @@ class Report(_Record):
     output_shardings: tuple[str, ...]
     mesh_shape: dict[str, int]
     hlo: str = dataclasses.field(repr=False, default="")
-
-    @property
-    def comm_bytes(self) -> dict[str, float]:
-        """Per kind, per device, on the wire (ring model)."""
-        return comm_by_kind(self.collectives)
-
-    @property
-    def total_comm_bytes(self) -> float:
-        return sum(self.comm_bytes.values())
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
@@ -171,7 +177,7 @@ class DeviceMemoryEstimate(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class CostBreakdown(_Record):
+class CostBreakdown(_Communicates, _Record):
     """What the cost model expects for a fully specified strategy (nothing compiled).
 
     Attributes:
@@ -193,15 +199,6 @@ class CostBreakdown(_Record):
     memory: DeviceMemoryEstimate
     device: str
     warnings: tuple[str, ...] = ()
-
-    @property
-    def comm_bytes(self) -> dict[str, float]:
-        """Per kind, per device, on the wire (the same units as ``Report.comm_bytes``)."""
-        return comm_by_kind(self.collectives)
-
-    @property
-    def total_comm_bytes(self) -> float:
-        return sum(self.comm_bytes.values())
 
     @property
     def comm_time(self) -> float:

@@ -276,19 +276,16 @@ class StrategyEditor:
     # -- actions ---------------------------------------------------------------------------
     def constrain(self, node: int, dim: int, axes: tuple[str, ...]) -> None:
         """Constrains an intermediate (a matmul output, by graph node index)."""
-        try:
-            self.model.constrain(node, dim, axes)
-        except ShardingSpecError as error:
-            self.error = str(error)
-            self._refresh()
-            return
-        self.error = None
-        self._after_edit()
+        self._change(self.model.constrain, node, dim, axes)
 
     def edit(self, index: int, dim: int, axes: tuple[str, ...]) -> None:
         """What a dropdown change does (also callable from code and tests)."""
+        self._change(self.model.edit, index, dim, axes)
+
+    def _change(self, apply: Any, *args: Any) -> None:
+        """Applies a model change; an invalid one shows its error and keeps the last state."""
         try:
-            self.model.edit(index, dim, axes)
+            apply(*args)
         except ShardingSpecError as error:
             self.error = str(error)
             self._refresh()
