@@ -6,14 +6,13 @@ same engine serves the kernel, a stock IPython session and plain scripts.
 
 from __future__ import annotations
 
-from .graph import GraphCache, GraphCellError, GraphStagingError, run_graph_cell
+from .graph import GraphCache, GraphStagingError, run_graph_cell
 from .memory import ReleaseReport, cache_stats, live_bytes_per_device, process_rss
 from .modes import MODES, Mode, ModeError, mode_context, parse_mode, parse_mode_magic
 
 __all__ = [
     "MODES",
     "GraphCache",
-    "GraphCellError",
     "GraphStagingError",
     "Mode",
     "ModeError",

@@ -191,7 +191,7 @@ def switch_cpu_devices(count: int, namespace: MutableMapping[str, Any]) -> Switc
                     resharded.append(label)
                 array = np.asarray(leaf)
                 bytes_moved += array.nbytes
-                leaves.append(_HostArray(array, leaf.weak_type))
+                leaves.append(_HostArray(array))
             else:
                 leaves.append(leaf)
         host[name] = (treedef, leaves)
@@ -226,4 +226,3 @@ def switch_cpu_devices(count: int, namespace: MutableMapping[str, Any]) -> Switc
 @dataclass(frozen=True)
 class _HostArray:
     array: Any
-    weak_type: bool

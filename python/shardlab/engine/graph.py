@@ -32,13 +32,18 @@ from .errors import GraphStagingError, translate_trace_error
 
 __all__ = [
     "GraphCache",
-    "GraphCellError",
     "GraphRun",
     "GraphStagingError",
     "run_graph_cell",
 ]
 
-GraphCellError = GraphStagingError  # historical alias; the public name is GraphStagingError
+
+_TRACE_ERRORS = (
+    jax.errors.ConcretizationTypeError,  # includes TracerBoolConversionError
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.UnexpectedTracerError,
+)
 
 
 def _is_array(leaf: object) -> bool:
@@ -367,11 +372,7 @@ def run_graph_cell(
     assert entry.fn is not None
     try:
         out_arrays, print_arrays = entry.fn(arrays)
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError) as error:
-        raise translate_trace_error(error, cell) from None
-    except jax.errors.TracerIntegerConversionError as error:
-        raise translate_trace_error(error, cell) from None
-    except jax.errors.UnexpectedTracerError as error:
+    except _TRACE_ERRORS as error:
         raise translate_trace_error(error, cell) from None
     structure = entry.structures[_signature(arrays)]
     entry.runs += 1
