@@ -37,6 +37,13 @@ class Execution:
         """The plain-text result of the cell's last expression ('' when none)."""
         return "".join(r["data"].get("text/plain", "") for r in self.results)
 
+    def widget(self, description: str) -> str:
+        """The comm id of the widget this execution opened with that ``description``."""
+        for opened in self.comm_opens:
+            if opened["data"].get("state", {}).get("description") == description:
+                return opened["comm_id"]
+        raise LookupError(f"no widget {description!r} was opened by this execution")
+
     @property
     def error_text(self) -> str:
         return "\n".join(

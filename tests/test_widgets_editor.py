@@ -150,12 +150,9 @@ def test_editor_widget_in_a_kernel():
         assert waited.text == "True"
         # Auto: the search runs in a background thread with a progress bar; its plan lands
         # in the dropdowns and the figures.
-        auto = next(
-            o["comm_id"]
-            for o in created.comm_opens
-            if o["data"].get("state", {}).get("description") == "Auto"
+        clicked = kernel.send_comm(
+            created.widget("Auto"), {"method": "custom", "content": {"event": "click"}}
         )
-        clicked = kernel.send_comm(auto, {"method": "custom", "content": {"event": "click"}})
         assert not clicked.errors
         searched = kernel.ok(
             "t0 = time.time()\n"

@@ -89,12 +89,9 @@ def test_widget_callback_errors_show_in_the_view(kernel):
     )
     shown = kernel.ok("panel2")
     ident = display_id(next(d for d in shown.displays if display_id(d)))
-    button = next(
-        o["comm_id"]
-        for o in created.comm_opens
-        if o["data"].get("state", {}).get("description") == "Refresh"
+    clicked = kernel.send_comm(
+        created.widget("Refresh"), {"method": "custom", "content": {"event": "click"}}
     )
-    clicked = kernel.send_comm(button, {"method": "custom", "content": {"event": "click"}})
     assert not clicked.errors
     update = next(u for u in clicked.updates if display_id(u) == ident)
     assert "RuntimeError: boom in refresh" in update["data"]["text/plain"]
