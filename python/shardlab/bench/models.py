@@ -79,50 +79,85 @@ def _layernorm(x, g, b):
     return (x - mu) * jax.lax.rsqrt(var + 1e-5) * g + b
 
 
+def _gpt_block_params(keys: Any, d: int) -> dict[str, jax.Array]:
+    return {
+        "ln1_g": jnp.ones((d,)), "ln1_b": jnp.zeros((d,)),
+        "wq": _normal(next(keys), (d, d)), "wk": _normal(next(keys), (d, d)),
+        "wv": _normal(next(keys), (d, d)), "wo": _normal(next(keys), (d, d)),
+        "ln2_g": jnp.ones((d,)), "ln2_b": jnp.zeros((d,)),
+        "w1": _normal(next(keys), (d, 4 * d)), "w2": _normal(next(keys), (4 * d, d)),
+    }  # fmt: skip
+
+
+def _gpt_block(p: Any, x: jax.Array, mask: jax.Array, heads: int) -> jax.Array:
+    """LN, causal multi-head attention, LN, GELU MLP, with residuals."""
+    batch, seq, d = x.shape
+    hd = d // heads
+    a = _layernorm(x, p["ln1_g"], p["ln1_b"])
+    q, k, v = (jnp.einsum("btd,de->bte", a, p[w]).reshape(batch, seq, heads, hd)
+               for w in ("wq", "wk", "wv"))  # fmt: skip
+    s = jnp.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(hd)
+    w = jax.nn.softmax(jnp.where(mask, s, -1e9), axis=-1)
+    o = jnp.einsum("bhqk,bkhe->bqhe", w, v).reshape(batch, seq, d)
+    x = x + jnp.einsum("btd,de->bte", o, p["wo"])
+    a = _layernorm(x, p["ln2_g"], p["ln2_b"])
+    return x + jnp.einsum(
+        "btf,fd->btd", jax.nn.gelu(jnp.einsum("btd,df->btf", a, p["w1"])), p["w2"]
+    )
+
+
+def _gpt_loss(stack: Callable[[Any, jax.Array], jax.Array]) -> Callable[..., Any]:
+    """Embedding, ``stack(blocks, x)``, head, cross-entropy."""
+
+    def loss(p, batch_):
+        toks, tgts = batch_
+        x = jnp.take(p["embed"], toks, axis=0)
+        x = stack(p["blocks"], x)
+        logits = jnp.einsum("btd,dv->btv", x, p["head"])
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, tgts[..., None], axis=-1))
+
+    return loss
+
+
 def gpt(layers: int, *, batch: int = 8, seq: int = 16, d: int = 64, heads: int = 4,
         vocab: int = 256, seed: int = 0) -> Case:  # fmt: skip
     """A GPT-style decoder train step: embedding, ``layers`` × (LN, attention, LN, MLP)."""
     keys = iter(jax.random.split(jax.random.key(seed), 8 * layers + 4))
-    f, hd = 4 * d, d // heads
-    blocks = [
-        {
-            "ln1_g": jnp.ones((d,)), "ln1_b": jnp.zeros((d,)),
-            "wq": _normal(next(keys), (d, d)), "wk": _normal(next(keys), (d, d)),
-            "wv": _normal(next(keys), (d, d)), "wo": _normal(next(keys), (d, d)),
-            "ln2_g": jnp.ones((d,)), "ln2_b": jnp.zeros((d,)),
-            "w1": _normal(next(keys), (d, f)), "w2": _normal(next(keys), (f, d)),
-        }
-        for _ in range(layers)
-    ]  # fmt: skip
+    blocks = [_gpt_block_params(keys, d) for _ in range(layers)]
     params = {"embed": _normal(next(keys), (vocab, d)), "blocks": blocks,
               "head": _normal(next(keys), (d, vocab))}  # fmt: skip
     tokens = jax.random.randint(next(keys), (batch, seq), 0, vocab)
     targets = jax.random.randint(next(keys), (batch, seq), 0, vocab)
     mask = jnp.tril(jnp.ones((seq, seq), dtype=bool))
 
-    def block(p, x):
-        a = _layernorm(x, p["ln1_g"], p["ln1_b"])
-        q, k, v = (jnp.einsum("btd,de->bte", a, p[w]).reshape(batch, seq, heads, hd)
-                   for w in ("wq", "wk", "wv"))  # fmt: skip
-        s = jnp.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(hd)
-        w = jax.nn.softmax(jnp.where(mask, s, -1e9), axis=-1)
-        o = jnp.einsum("bhqk,bkhe->bqhe", w, v).reshape(batch, seq, d)
-        x = x + jnp.einsum("btd,de->bte", o, p["wo"])
-        a = _layernorm(x, p["ln2_g"], p["ln2_b"])
-        return x + jnp.einsum(
-            "btf,fd->btd", jax.nn.gelu(jnp.einsum("btd,df->btf", a, p["w1"])), p["w2"]
-        )
+    def unrolled(blocks_, x):
+        for bp in blocks_:
+            x = _gpt_block(bp, x, mask, heads)
+        return x
 
-    def loss(p, batch_):
-        toks, tgts = batch_
-        x = jnp.take(p["embed"], toks, axis=0)
-        for bp in p["blocks"]:
-            x = block(bp, x)
-        logits = jnp.einsum("btd,dv->btv", x, p["head"])
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        return -jnp.mean(jnp.take_along_axis(logp, tgts[..., None], axis=-1))
+    return _train_case(f"gpt {layers}L train", _gpt_loss(unrolled), params, (tokens, targets))
 
-    return _train_case(f"gpt {layers}L train", loss, params, (tokens, targets))
+
+def gpt_scan(layers: int, *, batch: int = 8, seq: int = 16, d: int = 64, heads: int = 4,
+             vocab: int = 256, seed: int = 0, train: bool = True) -> Case:  # fmt: skip
+    """``gpt(layers)`` written as ``jax.lax.scan`` over its blocks' parameters stacked on a
+    leading layer axis (the same initial values), as flax ``nn.scan`` models are; with
+    ``train=False`` the case is the loss alone (forward)."""
+    unrolled = gpt(layers, batch=batch, seq=seq, d=d, heads=heads, vocab=vocab, seed=seed)
+    params = dict(unrolled.args[0])
+    params["blocks"] = jax.tree.map(lambda *xs: jnp.stack(xs), *params["blocks"])
+    mask = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+
+    def scanned(blocks_, x):
+        x, _ = jax.lax.scan(lambda h, bp: (_gpt_block(bp, h, mask, heads), None), x, blocks_)
+        return x
+
+    loss = _gpt_loss(scanned)
+    name = f"gpt_scan {layers}L"
+    if not train:
+        return Case(name + " fwd", loss, (params, unrolled.args[2]))
+    return _train_case(name + " train", loss, params, unrolled.args[2])
 
 
 def moe(*, tokens: int = 256, d: int = 64, f: int = 128, experts: int = 8, seed: int = 0):

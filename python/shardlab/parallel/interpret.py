@@ -5,6 +5,11 @@ bind each equation's primitive (inside its ``eqn.ctx.manager`` and source contex
 compiled collectives still name the user's line) and apply ``with_sharding_constraint`` with a
 ``NamedSharding`` right after the equations the plan constrains. Under ``jax.jit`` this steers
 the partitioner; numerically it is the original function.
+
+A scan unrolled into the graph (``OpGraph.scan_groups``) is evaluated as one ``lax.scan``
+again (same length, direction and unroll factor) whose body interprets the body's equations
+with the constraints of one iteration (the middle one: the search ties iterations to equal
+choices, ``scan_ties.py``), so the compiled program keeps its loop.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from shardlab.parallel.opgraph import OpGraph
+from shardlab.parallel.opgraph import OpGraph, ScanGroup
 
 try:  # keeps metadata={source_file, source_line} on the re-bound equations; private
     from jax._src import source_info_util as _siu
@@ -77,25 +82,81 @@ def interpreter(
                 f"the plan was made for arguments of structure {in_tree}, got {tree}; call "
                 "shardlab.search again for these arguments"
             )
-        env: dict[int, Any] = {}
-        for v, x in zip(graph.inputs, leaves, strict=True):
-            env[v] = x
-
-        def read(v: int) -> Any:
-            if v in env:
-                return env[v]
-            return graph.literal[v]
-
-        for node in graph.nodes:
-            invals = [read(v) for v in node.inputs]
-            for k, sharding in operand_shardings.get(node.index, {}).items():
-                invals[k] = jax.lax.with_sharding_constraint(invals[k], sharding)
-            outs = _bind(node.eqn, invals)
-            for k, (v, x) in enumerate(zip(node.outputs, outs, strict=True)):
-                specs = shardings.get(node.index)
-                if specs is not None and specs[k] is not None:
-                    x = jax.lax.with_sharding_constraint(x, specs[k])
-                env[v] = x
-        return tuple(read(v) for v in graph.outputs)
+        env: dict[int, Any] = dict(zip(graph.inputs, leaves, strict=True))
+        _evaluate(graph, env, shardings, operand_shardings)
+        return tuple(_read(graph, env, v) for v in graph.outputs)
 
     return run
+
+
+Shardings = Mapping[int, Sequence[NamedSharding | None]]
+OperandShardings = Mapping[int, Mapping[int, NamedSharding]]
+
+
+def _read(graph: OpGraph, env: dict[int, Any], v: int) -> Any:
+    return env[v] if v in env else graph.literal[v]
+
+
+def _constrain(x: Any, sharding: NamedSharding | None) -> Any:
+    return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
+
+
+def _evaluate(
+    graph: OpGraph, env: dict[int, Any], outs: Shardings, operands: OperandShardings
+) -> None:
+    """Evaluate ``graph``'s nodes into ``env`` (inputs already there), constraining the
+    outputs (``{node: sharding per output}``) and operands (``{node: {position: sharding}}``)
+    the plan names."""
+    i = 0
+    while i < len(graph.nodes):
+        node = graph.nodes[i]
+        if node.origin is not None:  # the first node of an unrolled scan
+            group = graph.scan_groups[node.origin[0]]
+            _scan(graph, group, env, outs, operands)
+            i = group.end
+            continue
+        invals = [_read(graph, env, v) for v in node.inputs]
+        for k, sharding in operands.get(node.index, {}).items():
+            invals[k] = _constrain(invals[k], sharding)
+        results = _bind(node.eqn, invals)
+        specs = outs.get(node.index)
+        for k, (v, x) in enumerate(zip(node.outputs, results, strict=True)):
+            env[v] = _constrain(x, specs[k]) if specs is not None else x
+        i += 1
+
+
+def _scan(
+    graph: OpGraph, group: ScanGroup, env: dict[int, Any], outs: Shardings,
+    operands: OperandShardings,
+) -> None:  # fmt: skip
+    """Run an unrolled scan as one ``lax.scan`` whose body applies the constraints of the
+    middle iteration's nodes (by body position)."""
+    body, base = group.body, group.iteration_starts[group.length // 2]
+    body_outs = {k: outs[base + k] for k in range(len(body.nodes)) if base + k in outs}
+    body_ins = {k: operands[base + k] for k in range(len(body.nodes)) if base + k in operands}
+    n_fixed = group.num_consts + group.num_carry
+    consts = [_read(graph, env, v) for v in group.inputs[: group.num_consts]]
+    init = [_read(graph, env, v) for v in group.inputs[group.num_consts : n_fixed]]
+    xs = [_read(graph, env, v) for v in group.inputs[n_fixed:]]
+    slices, stacks = group.slices[group.length // 2], group.stacks[group.length // 2]
+    xs = [_constrain(x, operands.get(n, {}).get(0)) for x, n in zip(xs, slices, strict=True)]
+    x_specs = [(outs.get(n) or [None])[0] for n in slices]
+    # a stack node's last operand is the iteration's output
+    y_specs = [operands.get(n, {}).get(len(graph.nodes[n].inputs) - 1) for n in stacks]
+
+    def step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+        x = [_constrain(v, s) for v, s in zip(x, x_specs, strict=True)]
+        inner = dict(zip(body.inputs, [*consts, *carry, *x], strict=True))
+        _evaluate(body, inner, body_outs, body_ins)
+        res = [_read(body, inner, v) for v in body.outputs]
+        ys = [_constrain(y, s) for y, s in zip(res[group.num_carry :], y_specs, strict=True)]
+        return res[: group.num_carry], ys
+
+    p = group.eqn.params
+    with group.eqn.ctx.manager, _context(group.eqn):
+        carry, ys = jax.lax.scan(step, init, xs, length=group.length, reverse=group.reverse,
+                                 unroll=p.get("unroll", 1))  # fmt: skip
+    last = group.stacks[-1]
+    ys = [_constrain(y, (outs.get(n) or [None])[0]) for y, n in zip(ys, last, strict=True)]
+    for v, x in zip(group.outputs, [*carry, *ys], strict=True):
+        env[v] = x

@@ -4,6 +4,16 @@ Nested ``jit``, ``custom_jvp_call``, ``custom_vjp_call``, ``remat``/``checkpoint
 ``closed_call`` are inlined, so a node is always a primitive the rules know (or fall back on).
 ``scan``, ``while`` and ``cond`` stay single nodes that carry their bodies as sub-graphs; the
 cost model costs a scan as its body × length.
+
+For the strategy search, ``build_from_jaxpr(closed, unroll_scans=True)`` unrolls scans (up to
+``SCAN_UNROLL_LIMIT`` iterations × body equations): per iteration, a ``scan_slice`` node takes
+slice i of each stacked operand, the body's equations follow (consts: the same outer
+variables every iteration; carry: the previous iteration's carry-out), and a ``scan_stack``
+node per stacked result writes the iteration's output into slice i of a buffer (the
+previous iteration's; the last buffer is the scan's result). Every node of an
+unrolled scan has an ``origin`` and the graph a ``ScanGroup`` record, so a plan found on the
+unrolled graph can be applied to the original scan (``interpret.py``). Scans nested in a
+body, ``while`` and ``cond`` stay single nodes.
 """
 
 from __future__ import annotations
@@ -35,6 +45,9 @@ INLINED = {
     "custom_lin": None,
 }
 CONTROL_FLOW = {"scan": ("jaxpr",), "while": ("cond_jaxpr", "body_jaxpr"), "cond": ("branches",)}
+# Largest length × body equations a scan may have to be unrolled for the search; larger scans
+# stay one (replicated) node.
+SCAN_UNROLL_LIMIT = 200_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +63,12 @@ class Node:
         source: the user's ``file:line`` ("" when unknown).
         name_stack: JAX's name stack (``jvp()``, ``transpose(jvp())`` ...).
         subgraphs: bodies of scan/while/cond (empty otherwise).
-        eqn: the original equation, for re-binding.
+        eqn: the original equation, for re-binding (the body equation for nodes of an
+            unrolled scan; ``None`` for its ``scan_slice``/``scan_stack`` nodes).
+        origin: for nodes of an unrolled scan, ``(scan group, iteration, body position)``:
+            the index in ``OpGraph.scan_groups``, the iteration in execution order, and the
+            node's position in ``ScanGroup.body.nodes`` (``-1 - j`` for the ``scan_slice`` of
+            stacked operand j, ``-1 - len(xs) - j`` for the ``scan_stack`` of result j).
     """
 
     index: int
@@ -62,6 +80,44 @@ class Node:
     name_stack: str
     subgraphs: tuple[OpGraph, ...] = ()
     eqn: Any = dataclasses.field(default=None, repr=False, compare=False)
+    origin: tuple[int, int, int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanGroup:
+    """A ``scan`` unrolled into the graph (``build_from_jaxpr(..., unroll_scans=True)``).
+
+    Attributes:
+        eqn: the original scan equation.
+        inputs: outer variable ids of its operands (consts, carry init, stacked xs).
+        outputs: outer variable ids of its results (final carry, stacked ys).
+        length: iterations.
+        reverse: iterations run from the last slice to the first.
+        num_consts: leading operands passed unchanged to every iteration.
+        num_carry: operands (and results) carried from one iteration to the next.
+        body: the body as its own graph, built as each iteration is walked, so node k of
+            iteration i is graph node ``iteration_starts[i] + k``.
+        start: index of the group's first node; its nodes are ``start .. end - 1``.
+        end: one past the group's last node.
+        iteration_starts: per iteration (execution order), the index of its body node 0.
+        slices: per iteration, per stacked operand, its ``scan_slice`` node.
+        stacks: per iteration, per stacked result, its ``scan_stack`` node (the last
+            iteration's give the scan's stacked results).
+    """
+
+    eqn: Any = dataclasses.field(repr=False, compare=False)
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    length: int
+    reverse: bool
+    num_consts: int
+    num_carry: int
+    body: OpGraph = dataclasses.field(repr=False)
+    start: int
+    end: int
+    iteration_starts: tuple[int, ...]
+    slices: tuple[tuple[int, ...], ...]
+    stacks: tuple[tuple[int, ...], ...]
 
 
 @dataclasses.dataclass
@@ -76,6 +132,7 @@ class OpGraph:
             (``None`` for ordinary variables).
         inputs: variable ids of the function's flat inputs.
         outputs: variable ids of the function's flat outputs.
+        scan_groups: the scans unrolled into ``nodes`` (see ``ScanGroup``).
     """
 
     nodes: list[Node]
@@ -84,6 +141,7 @@ class OpGraph:
     literal: list[Any]
     inputs: list[int]
     outputs: list[int]
+    scan_groups: list[ScanGroup] = dataclasses.field(default_factory=list)
     _producer: list[int] | None = dataclasses.field(default=None, repr=False)
     _consumers: list[list[int]] | None = dataclasses.field(default=None, repr=False)
 
@@ -131,11 +189,15 @@ def _source(eqn: Any) -> str:
 
 
 class _Builder:
-    def __init__(self) -> None:
+    def __init__(self, unroll_limit: int = 0) -> None:
         self.nodes: list[Node] = []
         self.shapes: list[tuple[int, ...]] = []
         self.dtypes: list[np.dtype] = []
         self.literal: list[Any] = []
+        self.unroll_limit = unroll_limit
+        self.scan_groups: list[ScanGroup] = []
+        self.origin: tuple[int, int, int] | None = None  # (group, iteration, body start)
+        self.subgraph_cache: dict[int, tuple[Any, OpGraph]] = {}
 
     def new_var(self, aval: Any, value: Any = None) -> int:
         self.shapes.append(tuple(int(d) for d in getattr(aval, "shape", ())))
@@ -147,6 +209,13 @@ class _Builder:
         if isinstance(atom, jex_core.Literal):
             return self.new_var(atom.aval, atom.val)
         return env[atom]
+
+    def subgraph(self, jaxpr: Any) -> OpGraph:
+        # A body walked once per unrolled iteration is built once (the jaxpr stays alive).
+        got = self.subgraph_cache.get(id(jaxpr))
+        if got is None:
+            got = self.subgraph_cache[id(jaxpr)] = (jaxpr, build_from_jaxpr(jaxpr))
+        return got[1]
 
     def walk(
         self, jaxpr: Any, in_ids: Sequence[int], consts: Sequence[Any], outer_source: str = ""
@@ -169,10 +238,19 @@ class _Builder:
                     for var, vid in zip(eqn.outvars, outs, strict=True):
                         env[var] = vid
                     continue
-            subgraphs = tuple(build_from_jaxpr(j) for j in _control_jaxprs(name, eqn.params))
+            if name == "scan" and self.origin is None and self.unrollable(eqn.params):
+                outs = self.unroll_scan(eqn, ins, source)
+                for var, vid in zip(eqn.outvars, outs, strict=True):
+                    env[var] = vid
+                continue
+            subgraphs = tuple(self.subgraph(j) for j in _control_jaxprs(name, eqn.params))
             outs = [self.new_var(v.aval) for v in eqn.outvars]
             for var, vid in zip(eqn.outvars, outs, strict=True):
                 env[var] = vid
+            origin = None
+            if self.origin is not None:
+                group, iteration, body_start = self.origin
+                origin = (group, iteration, len(self.nodes) - body_start)
             self.nodes.append(
                 Node(
                     index=len(self.nodes),
@@ -184,9 +262,84 @@ class _Builder:
                     name_stack=str(eqn.source_info.name_stack),
                     subgraphs=subgraphs,
                     eqn=eqn,
+                    origin=origin,
                 )
             )
         return [self.atom(a, env) for a in jaxpr.outvars]
+
+    def unrollable(self, params: dict[str, Any]) -> bool:
+        length = int(params.get("length", 0))
+        body, _ = _split_closed(params["jaxpr"])
+        return 0 < length and length * max(1, len(body.eqns)) <= self.unroll_limit
+
+    def synthetic(
+        self, primitive: str, params: dict[str, Any], ins: Sequence[int], out: int,
+        where: tuple[str, str], origin: tuple[int, int, int],
+    ) -> int:  # fmt: skip
+        """Append a ``scan_slice``/``scan_stack`` node (no equation); ``where``: its source
+        line and name stack (the scan's)."""
+        index = len(self.nodes)
+        self.nodes.append(Node(index, primitive, params, tuple(ins), (out,), *where,
+                               origin=origin))  # fmt: skip
+        return index
+
+    def unroll_scan(self, eqn: Any, ins: Sequence[int], source: str) -> list[int]:
+        """Walk the body once per iteration (see the module docstring); returns the ids of
+        the scan's results (the last carry-out, then the stacked outputs)."""
+        p = eqn.params
+        body, body_consts = _split_closed(p["jaxpr"])
+        n_consts, n_carry = int(p["num_consts"]), int(p["num_carry"])
+        length, reverse = int(p["length"]), bool(p["reverse"])
+        consts, carry = list(ins[:n_consts]), list(ins[n_consts : n_consts + n_carry])
+        xs = list(ins[n_consts + n_carry :])
+        x_avals = [v.aval for v in body.invars[n_consts + n_carry :]]
+        group, start = len(self.scan_groups), len(self.nodes)
+        where = (source, str(eqn.source_info.name_stack))
+        body_graph = build_from_jaxpr(p["jaxpr"])
+        starts: list[int] = []
+        slices: list[tuple[int, ...]] = []
+        stacks: list[tuple[int, ...]] = []
+        buffers: list[int] = []
+        for i in range(length):
+            index = length - 1 - i if reverse else i
+            x_ids, row = [], []
+            for j, (v, aval) in enumerate(zip(xs, x_avals, strict=True)):
+                out = self.new_var(aval)
+                row.append(self.synthetic("scan_slice", {"index": index}, (v,), out, where,
+                                          (group, i, -1 - j)))  # fmt: skip
+                x_ids.append(out)
+            slices.append(tuple(row))
+            starts.append(len(self.nodes))
+            self.origin = (group, i, len(self.nodes))
+            try:
+                outs = self.walk(body, [*consts, *carry, *x_ids], body_consts, source)
+            finally:
+                self.origin = None
+            if len(self.nodes) - starts[-1] != len(body_graph.nodes):
+                raise RuntimeError("an unrolled scan iteration differs from its body graph")
+            carry = outs[:n_carry]
+            # Stacked outputs are written into a buffer, one slice per iteration (as XLA
+            # does): every iteration has the same structure, so repeats stay recognisable.
+            row = []
+            for j, (y, var) in enumerate(zip(outs[n_carry:], eqn.outvars[n_carry:], strict=True)):
+                out = self.new_var(var.aval)
+                operands = (y,) if i == 0 else (buffers[j], y)
+                row.append(self.synthetic("scan_stack", {"index": index}, operands, out, where,
+                                          (group, i, -1 - len(xs) - j)))  # fmt: skip
+                if i == 0:
+                    buffers.append(out)
+                else:
+                    buffers[j] = out
+            stacks.append(tuple(row))
+        self.scan_groups.append(
+            ScanGroup(
+                eqn=eqn, inputs=tuple(ins), outputs=(*carry, *buffers), length=length,
+                reverse=reverse, num_consts=n_consts, num_carry=n_carry, body=body_graph,
+                start=start, end=len(self.nodes), iteration_starts=tuple(starts),
+                slices=tuple(slices), stacks=tuple(stacks),
+            )
+        )  # fmt: skip
+        return [*carry, *buffers]
 
 
 def _split_closed(j: Any) -> tuple[Any, list[Any]]:
@@ -217,13 +370,24 @@ def _control_jaxprs(name: str, params: dict[str, Any]) -> list[Any]:
     return out
 
 
-def build_from_jaxpr(closed: Any) -> OpGraph:
-    """An ``OpGraph`` from a (closed) jaxpr."""
+def build_from_jaxpr(
+    closed: Any, unroll_scans: bool = False, *, unroll_limit: int | None = None
+) -> OpGraph:
+    """An ``OpGraph`` from a (closed) jaxpr.
+
+    Args:
+        closed: the (closed) jaxpr.
+        unroll_scans: unroll top-level ``scan`` equations (see the module docstring); the
+            strategy search does, ``analyze``/``predict`` and the editor do not.
+        unroll_limit: largest ``length × body equations`` unrolled (default
+            ``SCAN_UNROLL_LIMIT``); larger scans stay one node.
+    """
     jaxpr, consts = _split_closed(closed)
-    b = _Builder()
+    limit = SCAN_UNROLL_LIMIT if unroll_limit is None else unroll_limit
+    b = _Builder(limit if unroll_scans else 0)
     ins = [b.new_var(v.aval) for v in jaxpr.invars]
     outs = b.walk(jaxpr, ins, consts)
-    return OpGraph(b.nodes, b.shapes, b.dtypes, b.literal, ins, outs)
+    return OpGraph(b.nodes, b.shapes, b.dtypes, b.literal, ins, outs, b.scan_groups)
 
 
 def build(fn: Callable[..., Any], *args: Any) -> OpGraph:

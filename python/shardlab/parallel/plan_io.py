@@ -170,7 +170,7 @@ def binding_for(
     else:
         closed, out_shape = closed
     if graph is None:
-        graph = build_from_jaxpr(closed)
+        graph = build_from_jaxpr(closed, unroll_scans=True)  # as search() builds it
     abstract = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(np.shape(x), getattr(x, "dtype", np.float32)), args
     )

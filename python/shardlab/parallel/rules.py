@@ -455,3 +455,7 @@ def rule_for(node: Node, graph: OpGraph) -> OpRule:
         return fn(node, graph)
     except (KeyError, ValueError, TypeError, IndexError, AttributeError):
         return _fallback(node, graph)
+
+
+# The synthetic nodes of unrolled scans register their rules into RULES on import.
+from shardlab.parallel import rules_scan  # noqa: E402, F401 (registration, after RULES exists)

@@ -27,6 +27,7 @@ from shardlab.parallel.plan import Plan
 from shardlab.parallel.plan_io import binding_for, fingerprint
 from shardlab.parallel.planning import make_plan, memory_of
 from shardlab.parallel.recursive import solve_recursive
+from shardlab.parallel.scan_ties import tie_scan_choices
 from shardlab.parallel.space import Space, build_space
 
 METHODS = ("auto", "propagate", "recursive", "ilp")
@@ -245,7 +246,7 @@ def search(
             f"{type(e).__name__}: {e}"
         ) from e
     fixed = resolve_annotations(annotations, fn, args, mesh)
-    graph = build_from_jaxpr(closed)
+    graph = build_from_jaxpr(closed, unroll_scans=True)
     ties = find_ties(tuple(args), out_shape)
     n_batch = len(jax.tree_util.tree_leaves(args[-1])) if len(args) > 1 else 0
     report(0.1, f"{len(graph.nodes)} equations traced")
@@ -272,6 +273,7 @@ def search(
     except KeyboardInterrupt:
         choice, complete, optimal = best.choice, False, False
         notes.append("interrupted: the best plan found so far (not complete)")
+    choice = tie_scan_choices(space, choice)  # one choice per scan-body equation
     report(0.95, "building the plan")
     binding = binding_for(fn, tuple(args), mesh, (closed, out_shape), graph)
     plan = make_plan(

@@ -44,7 +44,7 @@ class _Traced:
                 self.closed, self.out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
             except Exception as e:  # the user's function
                 raise SearchError(f"{getattr(fn, '__name__', fn)!r} does not trace: {e}") from e
-            self.graph = build_from_jaxpr(self.closed)
+            self.graph = build_from_jaxpr(self.closed, unroll_scans=True)  # as search()
         self.fn, self.args, self.mesh = fn, args, mesh
         self.sizes = mesh_shape_of(mesh)
         self.ties = find_ties(args, self.out_shape)
@@ -85,6 +85,12 @@ def megatron_specs(t: _Traced, axis: str, params: set[int]) -> dict[int, L.DimAx
     g = t.graph
     first_use: dict[int, int] = {}
     leaf_of_var = {v: i for i, v in enumerate(g.inputs) if t.arg_of_leaf[i] in params}
+    sliced: dict[int, int] = {}  # a stacked (scanned) weight's first scan_slice stands for it
+    for node in g.nodes:
+        src = node.inputs[0] if node.primitive == "scan_slice" else -1
+        if src in leaf_of_var and src not in sliced.values():
+            sliced[node.outputs[0]] = src
+            leaf_of_var[node.outputs[0]] = leaf_of_var[src]
     for node in g.nodes:
         if node.primitive != "dot_general":
             continue
@@ -114,7 +120,8 @@ def megatron_specs(t: _Traced, axis: str, params: set[int]) -> dict[int, L.DimAx
         role[v] = "col"
         for w in reached:
             role.setdefault(w, "row")
-    return {leaf: out[v] for v, leaf in leaf_of_var.items() if v in out}
+    return {leaf: ((), *out[v]) if v in sliced else out[v]  # the stacked dim stays whole
+            for v, leaf in leaf_of_var.items() if v in out}  # fmt: skip
 
 
 def _reached_weights(g: OpGraph, start: int, dot_of: dict[int, int], own: int) -> list[int]:
