@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ import numpy as np
 from shardlab.parallel import layouts as L
 from shardlab.parallel.cost import wire_bytes
 from shardlab.parallel.edges import combine_all_reduces
+from shardlab.parallel.memory_model import Liveness, device_memory, held_at_peak, liveness
 from shardlab.parallel.plan import Plan, PlanRow
 from shardlab.parallel.records import Collective, CostBreakdown, DeviceMemoryEstimate
 from shardlab.parallel.rules import RULES
@@ -40,10 +42,9 @@ def var_layouts(space: Space, choice: list[int]) -> dict[int, L.DimAxes]:
     return out
 
 
-def plan_memory(space: Space, choice: list[int]) -> DeviceMemoryEstimate:
-    """Per-device memory of a choice: arguments, plus the liveness peak of intermediates in
-    program order, where a variable also holds one copy per other layout its consumers need
-    (a gathered parameter, a resharded activation) and outputs end in their final layout."""
+def _memory_parts(space: Space, choice: list[int]):
+    """Per-variable ``local``, ``extra`` (copies in other layouts), ``output_local``, and
+    per-node ``transient`` bytes."""
     g, sizes = space.graph, space.sizes
     lays = var_layouts(space, choice)
     copies: dict[int, set[L.DimAxes]] = {}
@@ -53,42 +54,58 @@ def plan_memory(space: Space, choice: list[int]) -> DeviceMemoryEstimate:
         dst = dst_c.ins[e.dst_slot] if e.dst_slot >= 0 else dst_c.outs[0]
         if dst != src:
             copies.setdefault(e.var, set()).add(dst)
+    final = {v: lays.get(g.inputs[space.ties[pos]]) for pos, v in enumerate(g.outputs)
+             if pos in space.ties}  # fmt: skip
 
-    def local(v: int, lay: L.DimAxes | None) -> int:
+    def local(v: int) -> int:
+        lay = lays.get(v)
         return L.local_bytes(g.nbytes(v), lay or L.replicated(len(g.shapes[v])), sizes)
 
-    def extra(v: int) -> int:
-        return sum(local(v, lay) for lay in copies.get(v, ()))
+    def output_local(v: int) -> int:
+        lay = final.get(v) or lays.get(v) or L.replicated(len(g.shapes[v]))
+        return L.local_bytes(g.nbytes(v), lay, sizes)
 
-    live = space.live
-    inputs = set(g.inputs)
-    used = {v for n in g.nodes if live[n.index] for v in n.inputs} | set(g.outputs)
-    params = sum(local(v, lays.get(v)) for v in dict.fromkeys(g.inputs) if v in used)
-    outputs = sum(local(v, lays.get(v)) + extra(v) for v in dict.fromkeys(g.outputs))
-    last_use: dict[int, int] = {}
-    for n in g.nodes:
-        if live[n.index]:
-            for v in n.inputs:
-                last_use[v] = n.index
-    keep = set(g.outputs) | inputs
-    live_bytes = sum(extra(v) for v in inputs if v in used)
-    peak = live_bytes
-    for n in g.nodes:
-        if not live[n.index]:
-            continue
-        for v in n.outputs:
-            live_bytes += local(v, lays.get(v)) + extra(v)
-        peak = max(peak, live_bytes)
-        for v in set(n.inputs):
-            if last_use.get(v) != n.index or v in g.outputs:
-                continue
-            if v in inputs:
-                live_bytes -= extra(v)
-            elif v not in keep and g.producer(v) >= 0:
-                live_bytes -= local(v, lays.get(v)) + extra(v)
-    return DeviceMemoryEstimate(
-        parameters=params, outputs=outputs, activations=peak, peak=params + peak
-    )
+    def extra(v: int) -> int:
+        return sum(L.local_bytes(g.nbytes(v), lay, sizes) for lay in copies.get(v, ()))
+
+    partial_bytes: dict[int, int] = {}
+    for u in space.units:
+        cand = u.cands[choice[u.index]]
+        if cand.partial:
+            node = g.nodes[u.nodes[0]]
+            partial_bytes[node.index] = sum(
+                L.local_bytes(g.nbytes(v), lay, sizes)
+                for v, lay in zip(node.outputs, cand.outs, strict=False)
+            )
+
+    def transient(i: int) -> int:  # the unreduced buffer of an all-reduced partial sum
+        return partial_bytes.get(i, 0)
+
+    return local, extra, output_local, transient
+
+
+def plan_memory(space: Space, choice: list[int]) -> DeviceMemoryEstimate:
+    """Per-device memory of a choice (``memory_model.device_memory``): arguments, outputs in
+    their final layouts, and the peak of intermediates XLA gives a buffer, where a variable
+    also holds one copy per other layout its consumers need (a gathered parameter, a
+    resharded activation)."""
+    local, extra, output_local, transient = _memory_parts(space, choice)
+    return device_memory(space.graph, space.live, local, extra, output_local,
+                         lv=space_liveness(space), transient=transient)  # fmt: skip
+
+
+def peak_buffers(space: Space, choice: list[int]) -> frozenset[int]:
+    """The buffers live at a choice's memory peak (``memory_model.held_at_peak``)."""
+    local, extra, _, transient = _memory_parts(space, choice)
+    return held_at_peak(space.graph, space.live, local, extra, lv=space_liveness(space),
+                        transient=transient)  # fmt: skip
+
+
+def space_liveness(space: Space) -> Liveness:
+    """``memory_model.liveness`` of the space's graph, computed once per space."""
+    if space.liveness is None:
+        space.liveness = liveness(space.graph, space.live)
+    return space.liveness
 
 
 def memory_of(space: Space, choice: list[int]) -> float:
@@ -273,3 +290,26 @@ def make_plan(
         binding=binding,
     )
     return dataclasses.replace(plan, search_time=time.perf_counter() - start)
+
+
+def choice_from_layouts(space: Space, layouts: Sequence[L.DimAxes | None]) -> list[int]:
+    """The choice closest to per-variable ``layouts`` (e.g. a baseline's propagation): per
+    unit, a candidate producing those layouts, needing as few operands resharded as possible,
+    then the cheapest; a unit with no such candidate takes its cheapest."""
+    g = space.graph
+
+    def want(v: int) -> L.DimAxes:
+        return layouts[v] or L.replicated(len(g.shapes[v]))
+
+    choice = []
+    for u in space.units:
+        outs = tuple(want(v) for v in u.outs)
+
+        def key(k: int, u=u, outs=outs) -> tuple[int, int, float]:
+            c = u.cands[k]
+            moved = sum(1 for v, lay in zip(u.slots, c.ins, strict=False)
+                        if g.shapes[v] and want(v) != lay)  # fmt: skip
+            return (c.outs != outs, moved, c.cost)
+
+        choice.append(min(range(len(u.cands)), key=key))
+    return choice

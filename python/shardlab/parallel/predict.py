@@ -17,10 +17,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from shardlab.parallel import layouts as L
 from shardlab.parallel.cost import DeviceProfile, resolve_profile
 from shardlab.parallel.edges import combine_all_reduces
+from shardlab.parallel.memory_model import device_memory
 from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.opgraph import Node, OpGraph, build
 from shardlab.parallel.propagate import Propagation, propagate
-from shardlab.parallel.records import CostBreakdown, DeviceMemoryEstimate
+from shardlab.parallel.records import CostBreakdown
 from shardlab.parallel.specs import check_spec, resolve_shardings
 
 Constraints = Mapping[int, Any] | Callable[[Node], Any] | None
@@ -51,35 +52,18 @@ def _constraint_layouts(
 
 
 def memory_estimate(graph: OpGraph, prop: Propagation, sizes: Mapping[str, int]):
-    """Per-device parameters, outputs, activations (liveness peak of intermediates), peak."""
+    """Per-device arguments, outputs and temp (``memory_model.device_memory``), and peak."""
 
     def local(v: int) -> int:
         dims = prop.layouts[v] or L.replicated(len(graph.shapes[v]))
         return L.local_bytes(graph.nbytes(v), dims, sizes)
 
-    used = {v for n in graph.nodes if prop.live[n.index] for v in n.inputs}
-    used.update(graph.outputs)
-    params = sum(local(v) for v in dict.fromkeys(graph.inputs) if v in used)
-    outputs = sum(local(v) for v in dict.fromkeys(graph.outputs))
-    last_use: dict[int, int] = {}
-    for n in graph.nodes:
-        if prop.live[n.index]:
-            for v in n.inputs:
-                last_use[v] = n.index
-    keep = set(graph.outputs) | set(graph.inputs)
-    live_bytes = peak = 0
-    for n in graph.nodes:
-        if not prop.live[n.index]:
-            continue
-        for v in n.outputs:
-            live_bytes += local(v)
-        peak = max(peak, live_bytes)
-        for v in set(n.inputs):
-            if last_use.get(v) == n.index and v not in keep and graph.producer(v) >= 0:
-                live_bytes -= local(v)
-    return DeviceMemoryEstimate(
-        parameters=params, outputs=outputs, activations=peak, peak=params + peak
-    )
+    reduced: dict[int, int] = {}  # node -> bytes of partial sums it all-reduces
+    for c, node in zip(prop.collectives, prop.collective_nodes, strict=True):
+        if c.kind == "all-reduce" and node >= 0:
+            reduced[node] = reduced.get(node, 0) + c.bytes * c.count
+
+    return device_memory(graph, prop.live, local, transient=lambda i: reduced.get(i, 0))
 
 
 @dataclasses.dataclass(frozen=True)

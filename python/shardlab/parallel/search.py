@@ -21,17 +21,25 @@ from shardlab.parallel import layouts as L
 from shardlab.parallel.annotations import SearchError, leaf_paths, path_text, resolve_annotations
 from shardlab.parallel.cost import DeviceProfile, resolve_profile
 from shardlab.parallel.ilp import ilp_size, solve_ilp
+from shardlab.parallel.memory_model import peak_points
 from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.opgraph import build_from_jaxpr
 from shardlab.parallel.plan import Plan
 from shardlab.parallel.plan_io import binding_for, fingerprint
-from shardlab.parallel.planning import make_plan, memory_of
+from shardlab.parallel.planning import (
+    choice_from_layouts,
+    make_plan,
+    memory_of,
+    peak_buffers,
+    space_liveness,
+)
 from shardlab.parallel.recursive import solve_recursive
 from shardlab.parallel.scan_ties import tie_scan_choices
 from shardlab.parallel.space import Space, build_space
 
 METHODS = ("auto", "propagate", "recursive", "ilp")
 ILP_MAX_VARIABLES = 20_000
+VERIFY_MAX_EQUATIONS = 3_000
 
 
 def find_ties(args: tuple[Any, ...], out_shape: Any) -> dict[int, int]:
@@ -159,35 +167,25 @@ def _solve(
 
 
 def _memory_rows(space: Space, budget: float, checkpoints: int = 8):
-    """Linear per-device memory rows: inputs plus the variables live at peak points."""
+    """Linear per-device memory rows (``memory_model``): arguments, outputs and the
+    intermediates held at the program points with the most bytes held (replicated sizes)."""
     g = space.graph
-    last: dict[int, int] = {}
-    for n in g.nodes:
-        if space.live[n.index]:
-            for v in n.inputs:
-                last[v] = n.index
-    profile, live_vars = [], set()
-    order = [n for n in g.nodes if space.live[n.index]]
-    alive: list[set[int]] = []
-    for n in order:
-        live_vars.update(v for v in n.outputs if v in space.unit_of_var)
-        alive.append(set(live_vars))
-        profile.append(sum(g.nbytes(v) for v in live_vars))
-        live_vars -= {v for v in n.inputs if last.get(v) == n.index and v not in g.outputs}
-    picks = sorted(range(len(profile)), key=lambda i: -profile[i])[:checkpoints] or [None]
-    rows = []
-    for t in picks:
-        coeffs = [np.zeros(len(u.cands)) for u in space.units]
-        members = set(g.inputs) | (alive[t] if t is not None else set())
-        for v in members:
-            owner = space.unit_of_var.get(v)
-            if owner is None:
-                continue
-            u, pos = owner
-            coeffs[u] += [L.local_bytes(g.nbytes(v), c.outs[pos], space.sizes)
-                          for c in space.units[u].cands]  # fmt: skip
-        rows.append((coeffs, budget))
-    return rows
+    points = peak_points(g, space.live, g.nbytes, checkpoints, lv=space_liveness(space))
+    return [_memory_row(space, held, budget) for held in points or [frozenset()]]
+
+
+def _memory_row(space: Space, held: frozenset[int], budget: float):
+    """One row: arguments + outputs + the buffers ``held`` in each candidate's layout."""
+    g = space.graph
+    coeffs = [np.zeros(len(u.cands)) for u in space.units]
+    for v in set(g.inputs) | set(g.outputs) | held:
+        owner = space.unit_of_var.get(v)
+        if owner is None:
+            continue
+        u, pos = owner
+        coeffs[u] += [L.local_bytes(g.nbytes(v), c.outs[pos], space.sizes)
+                      for c in space.units[u].cands]  # fmt: skip
+    return coeffs, budget
 
 
 def search(
@@ -200,6 +198,7 @@ def search(
     device: str | DeviceProfile | None = None,
     progress: Callable[[float, str], None] | None = None,
     time_limit: float = 30.0,
+    verify_budget: bool | None = None,
 ) -> Plan:
     """Search a sharding strategy for ``fn(*args)`` on ``mesh``.
 
@@ -217,11 +216,17 @@ def search(
         annotations: ``{argument path: PartitionSpec}``, e.g. ``{"params/w1": P(None, "m")}``
             or ``{(0, "w1"): ...}``; fixed, the rest is searched.
         memory_budget: bytes per device the plan must fit (parameters, optimizer state,
-            activations, as the cost model estimates them).
+            activations and temporaries, as the memory model estimates them; checked by
+            compiling when ``verify_budget``).
         device: a device profile (name or ``DeviceProfile``) for the cost model.
         progress: ``callback(fraction, message)``; raising ``KeyboardInterrupt`` from it (or
             pressing interrupt) returns the best plan so far with ``complete=False``.
         time_limit: seconds the ILP may take before returning its best incumbent.
+        verify_budget: compile the chosen plan to check it fits ``memory_budget`` (XLA's
+            buffer assignment is finer than the cost model's), searching again with a
+            tighter model budget when it does not. ``None``: only for graphs of at most
+            ``VERIFY_MAX_EQUATIONS`` equations, whose compile takes about a second; the
+            search itself never compiles.
 
     Raises:
         SearchError: the function does not trace, an unknown method, unknown or
@@ -258,36 +263,97 @@ def search(
         size = ilp_size(space)
         used = "ilp" if size <= ILP_MAX_VARIABLES else "recursive"
         notes.append(f"auto chose {used} (ILP size {size} variables, limit {ILP_MAX_VARIABLES})")
-    best = _Best(space)
-    complete, optimal = True, None
-    budget_fn = None
-    if memory_budget is not None:
-        budget_fn = _budget_solver(space, float(memory_budget), notes, n_batch)
-    try:
-        if budget_fn is not None:
-            choice, optimal = budget_fn(used, best, time_limit, report)
-        else:
-            choice, optimal = _solve(space, used, best, time_limit=time_limit, extra=None,
-                                     memory_rows=[], report=report, notes=notes,
-                                     n_batch_leaves=n_batch)  # fmt: skip
-    except KeyboardInterrupt:
-        choice, complete, optimal = best.choice, False, False
-        notes.append("interrupted: the best plan found so far (not complete)")
-    choice = tie_scan_choices(space, choice)  # one choice per scan-body equation
-    report(0.95, "building the plan")
+    traced = (closed, out_shape, graph)
     binding = binding_for(fn, tuple(args), mesh, (closed, out_shape), graph)
-    plan = make_plan(
-        space, choice, binding,
-        method=used if method != "auto" else f"auto:{used}",
-        paths=[path_text(p) for p in leaf_paths(fn, args)],
-        optimal=optimal, complete=complete, notes=notes, memory_budget=memory_budget,
-        fingerprint=fingerprint(graph), start=start,
-    )  # fmt: skip
-    if method == "auto" and complete and not annotations:
-        plan = _portfolio(plan, fn, tuple(args), mesh, profile, (closed, out_shape, graph),
-                          memory_budget)  # fmt: skip
+    if verify_budget is None:
+        verify_budget = len(graph.nodes) <= VERIFY_MAX_EQUATIONS
+    target = None if memory_budget is None else float(memory_budget)
+    for attempt in range(3 if verify_budget else 1):
+        best = _Best(space)
+        complete, optimal = True, None
+        try:
+            if target is not None:
+                solve = _budget_solver(
+                    space, target, notes, n_batch,
+                    lambda: _baseline_seeds(fn, tuple(args), mesh, profile, traced, space),
+                )  # fmt: skip
+                choice, optimal = solve(used, best, time_limit, report)
+            else:
+                choice, optimal = _solve(space, used, best, time_limit=time_limit, extra=None,
+                                         memory_rows=[], report=report, notes=notes,
+                                         n_batch_leaves=n_batch)  # fmt: skip
+        except KeyboardInterrupt:
+            choice, complete, optimal = best.choice, False, False
+            notes.append("interrupted: the best plan found so far (not complete)")
+        except SearchError as e:
+            if attempt == 0:
+                raise
+            fallback = _compiled_baseline(fn, tuple(args), mesh, profile, traced,
+                                          float(memory_budget), used, notes)  # fmt: skip
+            if fallback is not None:
+                return dataclasses.replace(fallback, search_time=time.perf_counter() - start)
+            raise SearchError(
+                f"no plan fits memory_budget={memory_budget:.0f} bytes per device once "
+                f"compiled: {notes[-1]}; with the model's budget tightened to {target:.0f} B: "
+                f"{e}; no baseline compiles within the budget either"
+            ) from e
+        choice = tie_scan_choices(space, choice)  # one choice per scan-body equation
+        report(0.95, "building the plan")
+        plan = make_plan(
+            space, choice, binding,
+            method=used if method != "auto" else f"auto:{used}",
+            paths=[path_text(p) for p in leaf_paths(fn, args)],
+            optimal=optimal, complete=complete, notes=list(notes), memory_budget=memory_budget,
+            fingerprint=fingerprint(graph), start=start,
+        )  # fmt: skip
+        if method == "auto" and complete and not annotations:
+            plan = _portfolio(plan, fn, tuple(args), mesh, profile, traced, target)
+        if memory_budget is None or not verify_budget or not complete:
+            break
+        report(0.97, "compiling to check the memory budget")
+        compiled = plan.verify().memory.total
+        if compiled <= memory_budget:
+            plan = dataclasses.replace(plan, notes=(*plan.notes, f"compiled per-device memory "
+                                       f"{compiled} B fits the budget"))  # fmt: skip
+            break
+        assert target is not None
+        target *= 0.98 * memory_budget / compiled
+        notes.append(
+            f"the plan compiles to {compiled} B per device, over the budget "
+            f"{memory_budget:.0f} B (the model predicted {plan.cost.memory.peak} B)"
+        )
+    else:
+        fallback = _compiled_baseline(fn, tuple(args), mesh, profile, traced,
+                                      float(memory_budget), used, notes)  # fmt: skip
+        if fallback is None:
+            raise SearchError(
+                f"no plan fits memory_budget={memory_budget:.0f} bytes per device once "
+                f"compiled: {notes[-1]} after 3 tightened searches, and no baseline compiles "
+                "within it. Raise the budget, or use a larger mesh."
+            )
+        plan = fallback
     report(1.0, "done")
     return dataclasses.replace(plan, search_time=time.perf_counter() - start)
+
+
+def _compiled_baseline(fn, args, mesh, profile, traced, budget: float, used: str,
+                       notes: list[str]) -> Plan | None:  # fmt: skip
+    """The fastest (predicted) baseline whose compiled memory fits ``budget``, when the
+    searched plans' compiled memory does not: the model under-predicted XLA's buffers."""
+    from shardlab.parallel.strategies import baselines
+
+    try:
+        options = baselines(fn, *args, mesh=mesh, device=profile, traced=traced)
+    except SearchError:
+        return None
+    for name, p in sorted(options.items(), key=lambda item: item[1].cost.time):
+        compiled = p.verify().memory.total
+        if compiled <= budget:
+            note = (f"the searched plans compile over the budget, so the fastest baseline that "
+                    f"compiles within it is returned: {name} ({compiled} B)")  # fmt: skip
+            return dataclasses.replace(p, method=f"{used}→{name}", optimal=None,
+                                       notes=(*notes, note), memory_budget=int(budget))  # fmt: skip
+    return None
 
 
 def _portfolio(plan: Plan, fn, args, mesh, profile, traced, budget) -> Plan:
@@ -318,8 +384,30 @@ def _portfolio(plan: Plan, fn, args, mesh, profile, traced, budget) -> Plan:
                                notes=(*plan.notes, note), optimal=None)  # fmt: skip
 
 
-def _budget_solver(space: Space, budget: float, notes: list[str], n_batch: int):
-    """A solver that meets ``budget``: ILP memory rows, or a Lagrangian memory penalty."""
+def _baseline_seeds(fn, args, mesh, profile, traced, space: Space):
+    """``(name, choice)`` of the standard baselines mapped into the space (start points
+    and fallbacks for a memory budget)."""
+    from shardlab.parallel.propagate import propagate
+    from shardlab.parallel.strategies import baselines
+
+    try:
+        plans = baselines(fn, *args, mesh=mesh, device=profile, traced=traced)
+    except SearchError:  # unusual argument structure: no seeds
+        return []
+    g = space.graph
+    out = []
+    for name, plan in plans.items():
+        outs = [plan.input_specs[space.ties[p]] if p in space.ties else None
+                for p in range(len(g.outputs))]  # fmt: skip
+        prop = propagate(g, list(plan.input_specs), space.sizes, profile, output_layouts=outs)
+        out.append((name, choice_from_layouts(space, prop.layouts)))
+    return out
+
+
+def _budget_solver(space: Space, budget: float, notes: list[str], n_batch: int, seeds):
+    """A solver that meets ``budget``: the plain optimum if it fits, else the cheapest of
+    what fits among ILP memory rows (with cuts), a Lagrangian memory penalty and the
+    baselines mapped into the space (``seeds()``)."""
 
     def solve(method: str, best: _Best, time_limit: float, report) -> tuple[list[int], Any]:
         def fits(choice: list[int]) -> float:
@@ -330,17 +418,31 @@ def _budget_solver(space: Space, budget: float, notes: list[str], n_batch: int):
                                  n_batch_leaves=n_batch)  # fmt: skip
         if fits(choice) <= budget:
             return choice, optimal
+        smallest = fits(choice)
+        found: list[tuple[float, list[int], Any, str]] = []
         if method == "ilp":
+            # Rows at the replicated profile's peaks, then a cut at each solution's own peak
+            # until the solution fits (the peak moves with the layouts).
+            # One time limit for all the cuts together.
             rows = _memory_rows(space, budget)
-            choice, optimal = _solve(space, method, best, time_limit=time_limit, extra=None,
-                                     memory_rows=rows, report=report, notes=notes)  # fmt: skip
-            if fits(choice) <= budget:
-                notes.append(f"memory budget {budget:.0f} B met with ILP memory rows")
-                return choice, optimal
+            deadline = time.perf_counter() + time_limit
+            for _ in range(8):
+                left = deadline - time.perf_counter()
+                if left < 0.5:
+                    break
+                choice, optimal = _solve(space, method, best, time_limit=left,
+                                         extra=None, memory_rows=rows, report=report,
+                                         notes=notes)  # fmt: skip
+                mem = fits(choice)
+                smallest = min(smallest, mem)
+                if mem <= budget:
+                    found.append((space.total(choice), choice, optimal,
+                                  f"{len(rows)} ILP memory rows"))  # fmt: skip
+                    break
+                rows.append(_memory_row(space, peak_buffers(space, choice), budget))
         # Lagrangian: trade seconds for bytes until the plan fits.
         lam = 1e-3 * max(1e-12, space.total(choice)) / max(1.0, fits(choice))
-        smallest = fits(choice)
-        for _ in range(40):
+        for _ in range(40 if not found else 0):
             extra = _memory_penalty(space, lam)
             trial, _ = _solve(space, "recursive" if method == "ilp" else method, best,
                               time_limit=time_limit, extra=extra, memory_rows=[],
@@ -348,12 +450,22 @@ def _budget_solver(space: Space, budget: float, notes: list[str], n_batch: int):
             mem = fits(trial)
             smallest = min(smallest, mem)
             if mem <= budget:
-                notes.append(
-                    f"memory budget {budget:.0f} B met with a memory penalty "
-                    f"(λ={lam:.3g} s/B); not proven optimal under the budget"
-                )
-                return trial, False
+                found.append((space.total(trial), trial, False,
+                              f"a memory penalty (λ={lam:.3g} s/B)"))  # fmt: skip
+                break
             lam *= 3.0
+        for name, seed in seeds():
+            mem = fits(seed)
+            smallest = min(smallest, mem)
+            if mem <= budget:
+                found.append((space.total(seed), seed, False, f"the {name} baseline's layouts"))
+        if found:
+            _, choice, optimal, how = min(found, key=lambda f: f[0])
+            notes.append(
+                f"memory budget {budget:.0f} B met with {how}"
+                + ("" if optimal else "; not proven optimal under the budget")
+            )
+            return choice, optimal
         raise SearchError(
             f"no plan fits memory_budget={budget:.0f} bytes per device; the smallest "
             f"per-device memory the search reached is {smallest:.0f} bytes "

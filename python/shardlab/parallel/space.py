@@ -99,6 +99,7 @@ class Space:
     unit_of_var: dict[int, tuple[int, int]]  # var -> (unit, out index)
     live: list[bool]
     ties: dict[int, int]  # output position -> input position (updated state keeps its layout)
+    liveness: Any = dataclasses.field(default=None, repr=False)  # memory_model.Liveness, lazily
 
     def incident(self) -> list[list[int]]:
         """Per unit, the indices of its edges."""

@@ -1,0 +1,234 @@
+"""Per-device memory of a strategy, accounted the way XLA allocates it.
+
+XLA's compiled footprint is ``arguments + outputs + temp``: argument and output buffers live
+for the whole program, and ``temp`` is one heap that packs every intermediate buffer by its
+live range. Two things decide which intermediates get a buffer at all:
+
+* **Fusion.** An elementwise value (``add``, ``tanh``, ``broadcast_in_dim``, a convert …)
+  whose consumers can all absorb it (elementwise ops, reductions, slices) is computed inside
+  its consumers' loop and never written to memory. A value with several consumers is still
+  fused when it is cheap to recompute; a transcendental one (``exp``, ``tanh``, ``log`` …)
+  with several consumers is materialised once instead.
+* **Live ranges.** A buffer lives from its producer to its last *effective* use: a read
+  through fused values counts as a read of the buffers they were computed from.
+
+The model walks the program order once: ``temp`` is the peak of live materialised
+intermediates (plus any copy in another layout a consumer needs, e.g. a gathered
+parameter), ``peak = arguments + outputs + temp``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from shardlab.parallel.opgraph import OpGraph
+from shardlab.parallel.records import DeviceMemoryEstimate
+from shardlab.parallel.rules import ELEMENTWISE, FREE
+
+SHAPE_ONLY = frozenset(
+    "broadcast_in_dim reshape squeeze expand_dims iota transpose rev select_n copy copy_p".split()
+)
+FUSIBLE = ELEMENTWISE | FREE | SHAPE_ONLY
+ABSORBS = FUSIBLE | frozenset(
+    "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or argmax argmin slice "
+    "dynamic_slice concatenate pad cumsum".split()
+)
+EXPENSIVE = frozenset(
+    "exp exp2 expm1 log log1p tanh logistic sin cos tan pow erf erfc erf_inv atan2 lgamma "
+    "digamma sinh cosh asin acos atan asinh acosh atanh".split()
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Liveness:
+    """Which variables get a buffer and when each buffer can be freed.
+
+    Attributes:
+        order: live node indices in program order.
+        materialized: variables that get a buffer (fused values are left out).
+        last_use: per variable with a buffer, the node after which nothing reads it
+            (directly or through fused values).
+    """
+
+    order: tuple[int, ...]
+    materialized: frozenset[int]
+    last_use: dict[int, int]
+
+
+def liveness(graph: OpGraph, live: Sequence[bool]) -> Liveness:
+    """Fusion and live ranges of ``graph`` (only ``live`` nodes run)."""
+    order = tuple(n.index for n in graph.nodes if live[n.index])
+    consumers: dict[int, list[int]] = {}
+    for i in order:
+        for v in dict.fromkeys(graph.nodes[i].inputs):
+            consumers.setdefault(v, []).append(i)
+    outputs = set(graph.outputs)
+    fused: set[int] = set()
+    for i in order:
+        node = graph.nodes[i]
+        if node.primitive not in FUSIBLE or len(node.outputs) != 1:
+            continue
+        v = node.outputs[0]
+        users = consumers.get(v, [])
+        if v in outputs or not users:
+            continue
+        if not all(graph.nodes[u].primitive in ABSORBS for u in users):
+            continue
+        if len(users) > 1 and node.primitive in EXPENSIVE:
+            continue
+        fused.add(v)
+    sources: dict[int, frozenset[int]] = {}
+
+    def source_of(v: int) -> frozenset[int]:
+        got = sources.get(v)
+        if got is None:
+            if v in fused:
+                node = graph.nodes[graph.producer(v)]
+                got = frozenset().union(*(source_of(x) for x in node.inputs))
+            else:
+                got = frozenset((v,))
+            sources[v] = got
+        return got
+
+    last_use: dict[int, int] = {}
+    for i in order:
+        for v in graph.nodes[i].inputs:
+            for s in source_of(v):
+                last_use[s] = i
+            last_use.setdefault(v, i)
+            last_use[v] = max(last_use[v], i)
+    materialized = frozenset(
+        v for i in order for v in graph.nodes[i].outputs if v not in fused
+    )  # fmt: skip
+    return Liveness(order, materialized, last_use)
+
+
+def device_memory(
+    graph: OpGraph,
+    live: Sequence[bool],
+    local: Callable[[int], int],
+    extra: Callable[[int], int] = lambda v: 0,
+    output_local: Callable[[int], int] | None = None,
+    lv: Liveness | None = None,
+    transient: Callable[[int], int] = lambda i: 0,
+) -> DeviceMemoryEstimate:
+    """Per-device ``arguments + outputs + temp`` of a strategy.
+
+    Args:
+        graph: the op graph.
+        live: which nodes run.
+        local: per variable, its per-device bytes in the strategy's layout.
+        extra: per variable, the per-device bytes of copies in other layouts its consumers
+            need (resharded before use); a fused value with copies gets a buffer.
+        output_local: per output variable, per-device bytes in its final layout (default
+            ``local``).
+        lv: a precomputed ``liveness(graph, live)``.
+        transient: per node, bytes it needs only while it runs: a node whose partial sums
+            are all-reduced holds the unreduced buffer next to the reduced one.
+    """
+    lv = lv or liveness(graph, live)
+    output_local = output_local or local
+    used = {v for i in lv.order for v in graph.nodes[i].inputs} | set(graph.outputs)
+    inputs = set(graph.inputs)
+    params = sum(local(v) for v in dict.fromkeys(graph.inputs) if v in used)
+    out_bytes = sum(output_local(v) for v in dict.fromkeys(graph.outputs))
+
+    held = _holder(graph, lv, local, extra)
+    peak, _ = _walk(graph, lv, held, [v for v in inputs if v in used], transient)
+    return DeviceMemoryEstimate(
+        parameters=params, outputs=out_bytes, activations=peak, peak=params + out_bytes + peak
+    )
+
+
+def held_at_peak(
+    graph: OpGraph,
+    live: Sequence[bool],
+    local: Callable[[int], int],
+    extra: Callable[[int], int] = lambda v: 0,
+    lv: Liveness | None = None,
+    transient: Callable[[int], int] = lambda i: 0,
+) -> frozenset[int]:
+    """The buffers (intermediates, and inputs held in another layout) live at the peak of
+    ``device_memory``'s walk: a cut for linear memory constraints."""
+    lv = lv or liveness(graph, live)
+    return _walk(graph, lv, _holder(graph, lv, local, extra), list(graph.inputs), transient)[1]
+
+
+def _holder(
+    graph: OpGraph, lv: Liveness, local: Callable[[int], int], extra: Callable[[int], int]
+) -> Callable[[int], int]:
+    """Bytes a variable's buffers take in ``temp``: argument and output buffers are counted
+    apart, so only their copies in other layouts; fused values only when copied."""
+    keep = set(graph.inputs) | set(graph.outputs)
+
+    def held(v: int) -> int:
+        copies = extra(v)
+        if v in keep:
+            return copies
+        return local(v) + copies if v in lv.materialized or copies else 0
+
+    return held
+
+
+def _walk(
+    graph: OpGraph,
+    lv: Liveness,
+    held: Callable[[int], int],
+    start: Sequence[int],
+    transient: Callable[[int], int] = lambda i: 0,
+) -> tuple[int, frozenset[int]]:
+    """Walk the program order holding ``held(v)`` bytes per buffer, plus ``transient(i)``
+    bytes while node ``i`` runs: (peak, buffers at it)."""
+    outputs = set(graph.outputs)
+    frees: dict[int, list[int]] = {}
+    for v, i in lv.last_use.items():
+        frees.setdefault(i, []).append(v)
+    alive = {v for v in start if held(v)}
+    temp = peak = sum(held(v) for v in alive)
+    at_peak = frozenset(alive)
+    for i in lv.order:
+        for v in graph.nodes[i].outputs:
+            size = held(v)
+            if size:
+                temp += size
+                alive.add(v)
+        now = temp + transient(i)
+        if now > peak:
+            peak, at_peak = now, frozenset(alive)
+        for v in frees.get(i, ()):
+            if v in alive and v not in outputs:
+                alive.discard(v)
+                temp -= held(v)
+    return peak, at_peak
+
+
+def peak_points(
+    graph: OpGraph,
+    live: Sequence[bool],
+    nbytes: Callable[[int], int],
+    count: int = 8,
+    lv: Liveness | None = None,
+) -> list[frozenset[int]]:
+    """The intermediates held at the ``count`` program points with the most bytes held
+    (by ``nbytes``, e.g. replicated sizes): what linear memory constraints bound."""
+    lv = lv or liveness(graph, live)
+    keep = set(graph.inputs) | set(graph.outputs)
+    frees: dict[int, list[int]] = {}
+    for v, i in lv.last_use.items():
+        frees.setdefault(i, []).append(v)
+    held: set[int] = set()
+    points: list[tuple[int, frozenset[int]]] = []
+    total = 0
+    for i in lv.order:
+        for v in graph.nodes[i].outputs:
+            if v in lv.materialized and v not in keep:
+                held.add(v)
+                total += nbytes(v)
+        points.append((total, frozenset(held)))
+        for v in frees.get(i, ()):
+            if v in held:
+                held.discard(v)
+                total -= nbytes(v)
+    points.sort(key=lambda p: -p[0])
+    return [p[1] for p in points[:count]]
