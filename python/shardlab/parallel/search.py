@@ -268,6 +268,7 @@ def search(
     if verify_budget is None:
         verify_budget = len(graph.nodes) <= VERIFY_MAX_EQUATIONS
     target = None if memory_budget is None else float(memory_budget)
+    budget_bytes = float("inf") if memory_budget is None else float(memory_budget)
     for attempt in range(3 if verify_budget else 1):
         best = _Best(space)
         complete, optimal = True, None
@@ -289,7 +290,7 @@ def search(
             if attempt == 0:
                 raise
             fallback = _compiled_baseline(fn, tuple(args), mesh, profile, traced,
-                                          float(memory_budget), used, notes)  # fmt: skip
+                                          budget_bytes, used, notes)  # fmt: skip
             if fallback is not None:
                 return dataclasses.replace(fallback, search_time=time.perf_counter() - start)
             raise SearchError(
@@ -324,7 +325,7 @@ def search(
         )
     else:
         fallback = _compiled_baseline(fn, tuple(args), mesh, profile, traced,
-                                      float(memory_budget), used, notes)  # fmt: skip
+                                      budget_bytes, used, notes)  # fmt: skip
         if fallback is None:
             raise SearchError(
                 f"no plan fits memory_budget={memory_budget:.0f} bytes per device once "
