@@ -18,7 +18,7 @@ import jax
 from jax.sharding import Mesh, PartitionSpec
 
 from ..parallel import analyze, predict
-from ..parallel.opgraph import build
+from ..parallel.opgraph import build_from_jaxpr
 from ..parallel.records import CostBreakdown, Report
 from ..parallel.specs import ShardingSpecError, check_spec, spec_entries
 
@@ -86,19 +86,28 @@ class EditorModel:
         )
         self._treedef = jax.tree_util.tree_structure(self.args)
         self.specs = [PartitionSpec() for _ in self.leaves]
-        self.graph = build(self.fn, *self.args)  # traced once; every edit reuses it
+        # Traced once; every edit reuses it. Scans are unrolled as the search does, so a
+        # plan's constraints (by node) apply here too.
+        self.graph = build_from_jaxpr(jax.make_jaxpr(self.fn)(*self.args), unroll_scans=True)
         self._lock = threading.Lock()
         self._latest_compile: CompileResult | None = None
         self.intermediates = self._intermediates()
 
     def _intermediates(self) -> tuple[Intermediate, ...]:
-        """Matmul outputs in program order (the values whose layout decides communication)."""
+        """Matmul outputs in program order (the values whose layout decides communication).
+        Inside a scan, one iteration's (the middle one, which the plan's scan body applies to
+        every iteration)."""
         out = []
+        groups = self.graph.scan_groups
         for node in self.graph.nodes:
             if node.primitive != "dot_general" or not node.outputs:
                 continue
-            shape = tuple(self.graph.shapes[node.outputs[0]])
             where = node.source.rsplit("/", 1)[-1] if node.source else "?"
+            if node.origin is not None:
+                if node.origin[1] != groups[node.origin[0]].length // 2:
+                    continue
+                where += " (scan body, every iteration)"
+            shape = tuple(self.graph.shapes[node.outputs[0]])
             out.append(Intermediate(node.index, f"#{node.index} dot_general @ {where}", shape))
             if len(out) >= MAX_INTERMEDIATES:
                 break
