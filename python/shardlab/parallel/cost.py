@@ -61,6 +61,8 @@ class DeviceProfile(_Record):
         name: profile key.
         peak_flops: dense peak, flop/s, in the dtype models usually train in.
         memory_bytes: device memory.
+        memory_bandwidth: bytes/s between device memory and the compute units; an operation
+            takes ``max(flops / peak_flops, bytes moved / memory_bandwidth)`` (roofline).
         link_bandwidth: bytes/s one device can send per direction within a group.
         link_latency: seconds per ring step (alpha).
         axis_bandwidth: per mesh axis overrides of ``link_bandwidth``.
@@ -72,6 +74,7 @@ class DeviceProfile(_Record):
     name: str
     peak_flops: float
     memory_bytes: int
+    memory_bandwidth: float
     link_bandwidth: float
     link_latency: float
     axis_bandwidth: Mapping[str, float] = dataclasses.field(default_factory=dict)
@@ -82,6 +85,10 @@ class DeviceProfile(_Record):
         """Bandwidth for a collective spanning ``axes``: the slowest axis involved."""
         found = [self.axis_bandwidth[a] for a in axes if a in self.axis_bandwidth]
         return min(found) if found else self.link_bandwidth
+
+    def op_time(self, flops: float, nbytes: float) -> float:
+        """Roofline seconds of one operation: compute- or memory-bound, whichever is slower."""
+        return max(flops / self.peak_flops, nbytes / self.memory_bandwidth)
 
     def collective_time(self, kind: str, wire: float, group_size: int, axes: tuple[str, ...]):
         """Alpha-beta seconds for one collective."""
@@ -101,46 +108,57 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
             name="cpu-sim",
             peak_flops=50e9,
             memory_bytes=16 * _GiB,
+            memory_bandwidth=4e9,
             link_bandwidth=10e9,
             link_latency=10e-6,
             forms_reduce_scatter=False,
             source="nominal figures for simulated CPU devices sharing one host (memcpy-bound); "
+            "memory bandwidth set so the roofline ridge matches the measured ratio of a "
+            "weight-streaming to a compute-bound matmul on a 2-core host (docs/parallel.md); "
             "XLA:CPU emits all-reduce + dynamic-slice instead of reduce-scatter (JAX_NOTES)",
         ),
         DeviceProfile(
             name="a100-nvlink",
             peak_flops=312e12,
             memory_bytes=80 * _GiB,
+            memory_bandwidth=2.039e12,
             link_bandwidth=300e9,
             link_latency=5e-6,
-            source="NVIDIA A100 datasheet: 312 TFLOP/s BF16 dense, NVLink3 600 GB/s "
+            source="NVIDIA A100 80GB datasheet: 312 TFLOP/s BF16 dense, 2,039 GB/s HBM2e, "
+            "NVLink3 600 GB/s "
             "bidirectional (300 GB/s per direction), 80 GB HBM2e",
         ),
         DeviceProfile(
             name="h100-nvlink",
             peak_flops=989e12,
             memory_bytes=80 * _GiB,
+            memory_bandwidth=3.35e12,
             link_bandwidth=450e9,
             link_latency=5e-6,
-            source="NVIDIA H100 SXM datasheet: 989 TFLOP/s BF16 dense, NVLink4 900 GB/s "
+            source="NVIDIA H100 SXM datasheet: 989 TFLOP/s BF16 dense, 3.35 TB/s HBM3, "
+            "NVLink4 900 GB/s "
             "bidirectional (450 GB/s per direction), 80 GB HBM3",
         ),
         DeviceProfile(
             name="h200",
             peak_flops=989e12,
             memory_bytes=141 * 10**9,
+            memory_bandwidth=4.8e12,
             link_bandwidth=450e9,
             link_latency=5e-6,
-            source="NVIDIA H200 SXM datasheet: 989 TFLOP/s BF16 dense, 141 GB HBM3e, NVLink4 "
+            source="NVIDIA H200 SXM datasheet: 989 TFLOP/s BF16 dense, 141 GB HBM3e at "
+            "4.8 TB/s, NVLink4 "
             "900 GB/s bidirectional (450 GB/s per direction)",
         ),
         DeviceProfile(
             name="tpu-v5e",
             peak_flops=197e12,
             memory_bytes=16 * _GiB,
+            memory_bandwidth=819e9,
             link_bandwidth=100e9,
             link_latency=10e-6,
-            source="Google Cloud TPU v5e docs: 197 TFLOP/s BF16, 16 GB HBM2, ICI 1,600 Gbps "
+            source="Google Cloud TPU v5e docs: 197 TFLOP/s BF16, 16 GB HBM2 at 819 GB/s, "
+            "ICI 1,600 Gbps "
             "per chip (4 links; ~100 GB/s per direction along one ring axis assumed)",
         ),
     )

@@ -4,7 +4,8 @@ XLA's compiled footprint is ``arguments + outputs + temp``: argument and output 
 for the whole program, and ``temp`` is one heap that packs every intermediate buffer by its
 live range. Two things decide which intermediates get a buffer at all:
 
-* **Fusion.** An elementwise value (``add``, ``tanh``, ``broadcast_in_dim``, a convert …)
+* **Fusion.** An elementwise or indexing value (``add``, ``tanh``, ``broadcast_in_dim``, a
+  convert, a slice, a pad …)
   whose consumers can all absorb it (elementwise ops, reductions, slices) is computed inside
   its consumers' loop and never written to memory. A value with several consumers is still
   fused when it is cheap to recompute; a transcendental one (``exp``, ``tanh``, ``log`` …)
@@ -22,12 +23,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from shardlab.parallel.opgraph import OpGraph
+from shardlab.parallel.opgraph import Node, OpGraph
 from shardlab.parallel.records import DeviceMemoryEstimate
 from shardlab.parallel.rules import ELEMENTWISE, FREE
 
 SHAPE_ONLY = frozenset(
-    "broadcast_in_dim reshape squeeze expand_dims iota transpose rev select_n copy copy_p".split()
+    "broadcast_in_dim reshape squeeze expand_dims iota transpose rev select_n copy copy_p "
+    "pad slice dynamic_slice concatenate".split()
 )
 FUSIBLE = ELEMENTWISE | FREE | SHAPE_ONLY
 ABSORBS = FUSIBLE | frozenset(
@@ -232,3 +234,41 @@ def peak_points(
                 total -= nbytes(v)
     points.sort(key=lambda p: -p[0])
     return [p[1] for p in points[:count]]
+
+
+def moved(lv: Liveness, inputs: frozenset[int] | set[int], var: int, literal: bool) -> bool:
+    """Whether an operation reading or writing ``var`` moves it through memory: arguments
+    and materialised values do; fused values and literals stay in registers."""
+    return not literal and (var in lv.materialized or var in inputs)
+
+
+SLICING = frozenset("slice dynamic_slice gather".split())
+UPDATING = frozenset("dynamic_update_slice scatter scatter-add scatter_add".split())
+IN_PLACE = frozenset(("scan_slice", "scan_stack"))  # a scan's own indexing: no copies
+
+
+def traffic(
+    graph: OpGraph,
+    lv: Liveness,
+    args: frozenset[int],
+    node: Node,
+    in_bytes: Sequence[int],
+    out_bytes: Sequence[int],
+) -> int:
+    """Bytes an operation moves through memory, given its operands' and results' per-device
+    bytes: materialised operands read and results written; a slice reads only what it keeps
+    (and usually fuses into its consumer), and an in-place update (``dynamic_update_slice``,
+    a scan's stacked output) writes only the update. A scan reads its stacked operands and
+    writes its stacked results in place: the unrolled ``scan_slice``/``scan_stack`` nodes
+    move nothing themselves."""
+    if node.primitive in IN_PLACE:
+        return 0
+    if node.primitive in SLICING:
+        return sum(out_bytes)
+    if node.primitive in UPDATING:
+        return sum(in_bytes[1:])
+    total = sum(b for v, b in zip(node.inputs, in_bytes, strict=True)
+                if moved(lv, args, v, graph.literal[v] is not None))  # fmt: skip
+    total += sum(b for v, b in zip(node.outputs, out_bytes, strict=True)
+                 if moved(lv, args, v, False))  # fmt: skip
+    return total

@@ -131,10 +131,11 @@ def cost_of(space: Space, choice: list[int]) -> CostBreakdown:
             op_name=n.primitive if n else "output", source=n.source if n else "",
         ))  # fmt: skip
 
-    compute = 0.0
+    compute = flops = 0.0
     for u in space.units:
         cand = u.cands[choice[u.index]]
         compute += cand.cost - cand.comm
+        flops += cand.flops
         if cand.partial:
             node = g.nodes[u.nodes[0]]
             group = math.prod(sizes[a] for a in cand.partial)
@@ -176,7 +177,7 @@ def cost_of(space: Space, choice: list[int]) -> CostBreakdown:
         collectives=tuple(colls),
         comm_bytes_per_axis=per_axis,
         comm_time_per_axis=time_axis,
-        flops=compute * profile.peak_flops,
+        flops=flops,
         compute_time=compute,
         memory=plan_memory(space, choice),
         device=profile.name,

@@ -165,7 +165,7 @@ def predict(
         comm_bytes_per_axis=per_axis,
         comm_time_per_axis=time_axis,
         flops=prop.flops,
-        compute_time=prop.flops / profile.peak_flops,
+        compute_time=prop.compute_time,
         memory=memory_estimate(graph, prop, sizes),
         device=profile.name,
         warnings=tuple(warnings),

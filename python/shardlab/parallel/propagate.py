@@ -19,6 +19,7 @@ import numpy as np
 
 from shardlab.parallel import layouts as L
 from shardlab.parallel.cost import DeviceProfile, wire_bytes
+from shardlab.parallel.memory_model import Liveness, liveness, traffic
 from shardlab.parallel.opgraph import Node, OpGraph
 from shardlab.parallel.records import Collective
 from shardlab.parallel.rules import OpRule, rule_for
@@ -39,6 +40,8 @@ class Propagation:
         flops: per-device compute flops.
         warnings: notes (unknown primitives, loops without a known trip count).
         live: per node index, whether it contributes to an output.
+        compute_time: per-device seconds of the operations, each ``profile.op_time`` of its
+            flops and the bytes it moves through memory (roofline).
     """
 
     layouts: list[L.DimAxes | None]
@@ -47,12 +50,13 @@ class Propagation:
     warnings: list[str]
     live: list[bool]
     # Per top-level node in program order: (node index, first collective, end collective,
-    # per-device flops). Collectives a node needed (resharding its inputs, reducing partial
+    # per-device roofline seconds). Collectives a node needed (resharding its inputs, reducing partial
     # sums) fall in its span; those after the last node (output layouts) are not in any.
     spans: list[tuple[int, int, int, float]] = dataclasses.field(default_factory=list)
     # Per collective, the node it was emitted for: the producer of a partial sum being
     # reduced, else the consumer needing a resharded input (-1: an output's final layout).
     collective_nodes: list[int] = dataclasses.field(default_factory=list)
+    compute_time: float = 0.0
 
 
 def live_nodes(graph: OpGraph) -> list[bool]:
@@ -76,6 +80,9 @@ class _Propagator:
         self.cache: dict[tuple[int, L.DimAxes], None] = {}
         self.out: list[Collective] = []
         self.flops = 0.0
+        self.seconds = 0.0
+        self.lv: Liveness | None = None
+        self.args = frozenset(graph.inputs)
         self.warnings: list[str] = []
         self.node: Node | None = None
         self.count = 1
@@ -145,11 +152,12 @@ class _Propagator:
     # -- nodes -----------------------------------------------------------------------------
     def run(self, constraints: Mapping[int, L.DimAxes]) -> list[bool]:
         live = live_nodes(self.g)
+        self.lv = liveness(self.g, live)
         for node in self.g.nodes:
             if not live[node.index]:
                 continue
             self.node = node
-            first, flops = len(self.out), self.flops
+            first, seconds = len(self.out), self.seconds
             if node.primitive in ("sharding_constraint", "reshard"):
                 self.constraint(node)
             elif node.primitive in ("scan", "while", "cond"):
@@ -161,7 +169,7 @@ class _Propagator:
                     target = constraints[v]
                     self.reshard(v, target)
                     self.lay[v] = target
-            self.spans.append((node.index, first, len(self.out), self.flops - flops))
+            self.spans.append((node.index, first, len(self.out), self.seconds - seconds))
         return live
 
     def constraint(self, node: Node) -> None:
@@ -189,19 +197,25 @@ class _Propagator:
         for v in node.inputs:
             self.resolve_partial(v)
         factor_axes = self.choose(node, rule)
+        in_bytes, out_bytes = [], []
         for v, dims in zip(node.inputs, rule.operands, strict=True):
+            need = L.from_factors(dims, factor_axes, rule.factor_sizes, self.sizes)
+            in_bytes.append(L.local_bytes(self.g.nbytes(v), need, self.sizes))
             if self.g.literal[v] is not None and not self.g.shapes[v]:
                 continue
-            need = L.from_factors(dims, factor_axes, rule.factor_sizes, self.sizes)
             self.reshard(v, need)
         for v, dims in zip(node.outputs, rule.results, strict=True):
             self.lay[v] = L.from_factors(dims, factor_axes, rule.factor_sizes, self.sizes)
+            out_bytes.append(L.local_bytes(self.g.nbytes(v), self.lay[v], self.sizes))
             part = tuple(a for f in sorted(rule.reduction) for a in factor_axes.get(f, ()))
             part = part + carried
             if part:
                 self.partial[v] = part
         used = math.prod(self.sizes[a] for axes in factor_axes.values() for a in axes)
         self.flops += rule.flops / used * self.count
+        assert self.lv is not None
+        nbytes = traffic(self.g, self.lv, self.args, node, in_bytes, out_bytes)
+        self.seconds += self.profile.op_time(rule.flops / used, nbytes) * self.count
 
     def choose(self, node: Node, rule: OpRule) -> dict[int, tuple[str, ...]]:
         order = sorted(range(len(node.inputs)), key=lambda i: (-self.g.nbytes(node.inputs[i]), i))
@@ -256,6 +270,7 @@ class _Propagator:
         self.collective_nodes.extend([node.index] * len(subs[best].out))
         self.out.extend(subs[best].out)
         self.flops += max(s.flops for s in subs)
+        self.seconds += max(s.seconds for s in subs)
         for k, v in enumerate(node.outputs):
             self.lay[v] = subs[best].layout(branches[best].outputs[k])
 
@@ -272,6 +287,7 @@ class _Propagator:
             self.collective_nodes.extend([self.node.index if self.node else -1] * len(sub.out))
             self.out.extend(sub.out)
             self.flops += sub.flops
+            self.seconds += sub.seconds
         self.warnings.extend(sub.warnings)
         return sub
 
@@ -310,4 +326,5 @@ def propagate(
             p.lay[v] = target
         else:
             p.resolve_partial(v)
-    return Propagation(p.lay, p.out, p.flops, p.warnings, live, p.spans, p.collective_nodes)
+    return Propagation(p.lay, p.out, p.flops, p.warnings, live, p.spans, p.collective_nodes,
+                       p.seconds)  # fmt: skip

@@ -3,7 +3,8 @@
 
 Model (``schedule``): one in-order compute stream and one communication stream per device
 (SPMD: every device runs the same schedule). Operations compute in program order, each for
-its per-device flops over the device peak. The collectives an operation needs (resharding
+its roofline time (per-device flops over the device peak, or the bytes it moves over the
+memory bandwidth, whichever is longer). The collectives an operation needs (resharding
 its inputs, reducing partial sums) start as soon as their data is ready — when the producers
 of the operation's inputs have computed — and the communication stream is free; the
 operation waits for them. Communication that runs while the compute stream is busy is
@@ -115,7 +116,7 @@ def schedule(
             )  # fmt: skip
 
     covered = 0
-    for index, first, last, flops in prop.spans:
+    for index, first, last, seconds in prop.spans:
         node = graph.nodes[index]
         ready = max((end_of.get(graph.producer(v), 0.0) for v in node.inputs), default=0.0)
         done = communicate(first, last, ready)
@@ -123,7 +124,6 @@ def schedule(
         start = max([needed_by] + [end for _, _, end in done])
         state["exposed"] += start - needed_by
         record(done, needed_by, start)
-        seconds = flops / profile.peak_flops
         state["compute_total"] += seconds
         end_of[index] = state["compute"] = start + seconds
         if seconds > 0:

@@ -25,6 +25,7 @@ import numpy as np
 
 from shardlab.parallel import layouts as L
 from shardlab.parallel.cost import DeviceProfile, wire_bytes
+from shardlab.parallel.memory_model import Liveness, liveness, moved, traffic
 from shardlab.parallel.opgraph import Node, OpGraph
 from shardlab.parallel.propagate import live_nodes
 from shardlab.parallel.rules import ELEMENTWISE, FREE, OpRule, rule_for
@@ -49,6 +50,7 @@ class Cand:
         comm: the communication part of ``cost``.
         partial: mesh axes of pending partial sums of the node (reduced at the node).
         axis_of: per mesh axis, the factor (or input dimension) it splits; -1 for none.
+        flops: per-device flops of the unit's operations.
     """
 
     label: str
@@ -58,6 +60,7 @@ class Cand:
     comm: float = 0.0
     partial: tuple[str, ...] = ()
     axis_of: tuple[int, ...] = ()
+    flops: float = 0.0
 
 
 @dataclasses.dataclass
@@ -125,8 +128,12 @@ class Space:
 
 
 class _Builder:
-    def __init__(self, graph: OpGraph, sizes: Mapping[str, int], profile: DeviceProfile):
+    def __init__(
+        self, graph: OpGraph, sizes: Mapping[str, int], profile: DeviceProfile, lv: Liveness
+    ):
         self.g = graph
+        self.lv = lv
+        self.graph_inputs = frozenset(graph.inputs)
         self.sizes = dict(sizes)
         self.axes = list(sizes)
         self.profile = profile
@@ -187,7 +194,6 @@ class _Builder:
             return self.cand_cache[sig]
         rule = rule_for(node, self.g)
         cands: dict[tuple[Any, ...], Cand] = {}
-        flops_time = rule.flops / self.profile.peak_flops
         for fa in self.assignments(rule.factor_sizes, rule.replicated):
             outs = []
             ok = True
@@ -210,12 +216,20 @@ class _Builder:
                 for v, lay in zip(node.outputs, outs, strict=True):
                     local = L.local_bytes(self.g.nbytes(v), lay, self.sizes)
                     comm += self.collective_time("all-reduce", local, group, partial)
-            cost = flops_time / used + comm
+            nbytes = traffic(
+                self.g, self.lv, self.graph_inputs, node,
+                [L.local_bytes(self.g.nbytes(v), lay, self.sizes)
+                 for v, lay in zip(node.inputs, ins, strict=True)],
+                [L.local_bytes(self.g.nbytes(v), lay, self.sizes)
+                 for v, lay in zip(node.outputs, outs, strict=True)],
+            )  # fmt: skip
+            cost = self.profile.op_time(rule.flops / used, nbytes) + comm  # fmt: skip
             label = _label(outs, ins, partial, node.inputs, self.g)
             key = (tuple(outs), ins)
             old = cands.get(key)
             if old is None or cost < old.cost:
-                cands[key] = Cand(label, tuple(outs), ins, cost, comm, partial, self.axis_of(fa))
+                cands[key] = Cand(label, tuple(outs), ins, cost, comm, partial, self.axis_of(fa),
+                                  rule.flops / used)  # fmt: skip
         result = (rule, list(cands.values()))
         if sig is not None:
             self.cand_cache[sig] = result
@@ -228,9 +242,13 @@ class _Builder:
         for k in _SIG_PARAMS:
             if k in node.params:
                 params.append((k, repr(node.params[k])))
-        g = self.g
-        ins = tuple((g.shapes[v], g.dtypes[v], g.literal[v] is not None) for v in node.inputs)
-        outs = tuple((g.shapes[v], g.dtypes[v]) for v in node.outputs)
+        g, lv, args = self.g, self.lv, self.graph_inputs
+        ins = tuple(
+            (g.shapes[v], g.dtypes[v], g.literal[v] is not None,
+             moved(lv, args, v, g.literal[v] is not None))
+            for v in node.inputs
+        )  # fmt: skip
+        outs = tuple((g.shapes[v], g.dtypes[v], moved(lv, args, v, False)) for v in node.outputs)
         return (node.primitive, ins, outs, tuple(params))
 
 
@@ -286,9 +304,10 @@ def build_space(
         ties: ``{output position: input position}``: outputs that must end in their input's
             layout (updated parameters and optimizer state).
     """
-    b = _Builder(graph, sizes, profile)
-    fixed_inputs = dict(fixed_inputs or {})
     live = live_nodes(graph)
+    lv = liveness(graph, live)
+    b = _Builder(graph, sizes, profile, lv)
+    fixed_inputs = dict(fixed_inputs or {})
     units: list[Unit] = []
     unit_of_var: dict[int, tuple[int, int]] = {}
     used = {v for n in graph.nodes if live[n.index] for v in n.inputs} | set(graph.outputs)
@@ -323,12 +342,17 @@ def build_space(
                 u = units[owner[0]]
                 merged_key = ("merged", id(u.cands), b.signature(node))
                 if merged_key not in b.cand_cache:
-                    extra = rule_for(node, graph).flops / profile.peak_flops
-                    new = [
-                        dataclasses.replace(c, cost=c.cost + extra / L.shard_count(c.outs[0],
-                                                                                    b.sizes))
-                        for c in u.cands
-                    ]  # fmt: skip
+                    flops = rule_for(node, graph).flops
+                    traffic = graph.nbytes(var) * moved(lv, b.graph_inputs, var, False)
+                    traffic += graph.nbytes(node.outputs[0]) * moved(
+                        lv, b.graph_inputs, node.outputs[0], False
+                    )
+                    new = []
+                    for c in u.cands:
+                        n = L.shard_count(c.outs[0], b.sizes)
+                        extra = profile.op_time(flops / n, traffic / n)
+                        new.append(dataclasses.replace(c, cost=c.cost + extra,
+                                                       flops=c.flops + flops / n))  # fmt: skip
                     b.cand_cache[merged_key] = (_NO_RULE, new)
                 u.cands = b.cand_cache[merged_key][1]
                 del unit_of_var[var]
@@ -357,6 +381,6 @@ def build_space(
 
     combine_terminal(b, units, live)
     edges = edges_of(b, units, unit_of_var)
-    space = Space(graph, b.sizes, profile, units, edges, unit_of_var, live, dict(ties or {}))
+    space = Space(graph, b.sizes, profile, units, edges, unit_of_var, live, dict(ties or {}), lv)
     tie_outputs(b, space)
     return space

@@ -161,7 +161,7 @@ def _cost(t: _Traced, ins: list[L.DimAxes], outs: list[L.DimAxes | None], profil
         comm_bytes_per_axis=per_axis,
         comm_time_per_axis=time_axis,
         flops=prop.flops,
-        compute_time=prop.flops / profile.peak_flops,
+        compute_time=prop.compute_time,
         memory=memory_estimate(t.graph, prop, t.sizes),
         device=profile.name,
         warnings=tuple(dict.fromkeys(prop.warnings)),
