@@ -205,8 +205,9 @@ class _Propagator:
                 continue
             self.reshard(v, need)
         for v, dims in zip(node.outputs, rule.results, strict=True):
-            self.lay[v] = L.from_factors(dims, factor_axes, rule.factor_sizes, self.sizes)
-            out_bytes.append(L.local_bytes(self.g.nbytes(v), self.lay[v], self.sizes))
+            lay = L.from_factors(dims, factor_axes, rule.factor_sizes, self.sizes)
+            self.lay[v] = lay
+            out_bytes.append(L.local_bytes(self.g.nbytes(v), lay, self.sizes))
             part = tuple(a for f in sorted(rule.reduction) for a in factor_axes.get(f, ()))
             part = part + carried
             if part:
