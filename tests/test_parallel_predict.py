@@ -94,6 +94,28 @@ def test_reshard_costs():
     assert wire_bytes("reduce-scatter", 25, 4) == pytest.approx(75)
 
 
+@pytest.mark.parametrize(
+    ("src", "dst"),
+    [
+        (P(("data", "model"), None), P(None, "model")),  # XLA rematerialises the tensor
+        (P(("model", "data"), None), P(None, "model")),
+        (P(("data", "model"), None), P("data", "model")),  # 'data' stays: one all-to-all
+        (P("data", None), P(None, "data")),
+    ],
+)
+def test_reshard_model_matches_compiled_collectives(src, dst):
+    m = sp.mesh(data=4, model=2)
+    x = jnp.ones((1024, 128))
+    f = jax.jit(lambda a: a * 2, in_shardings=NamedSharding(m, src),
+                out_shardings=NamedSharding(m, dst))  # fmt: skip
+    compiled = [
+        (c.kind, c.bytes, frozenset(c.mesh_axes)) for c in sp.analyze(f, x, mesh=m).collectives
+    ]
+    model = layouts.reshard(layouts.from_spec(src, 2), layouts.from_spec(dst, 2), x.nbytes,
+                            {"data": 4, "model": 2})  # fmt: skip
+    assert sorted(compiled) == sorted((k, b, frozenset(a)) for k, b, _, a in model)
+
+
 def test_unknown_primitive_falls_back_with_warning():
     m = sp.mesh(data=8)
 

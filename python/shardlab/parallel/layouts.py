@@ -108,6 +108,15 @@ def reshard(
     gathered = tuple(a for a in src_axes if a not in stay and a not in where_dst)
     out: list[tuple[str, int, int, tuple[str, ...]]] = []
     shard = nbytes // math.prod(sizes[a] for a in src_axes) if src_axes else nbytes
+    if any(
+        any(a in moved for a in axes) and any(b not in stay and b != a for b in axes)
+        for axes in src
+    ):
+        # An axis moves out of a dimension it shares with another axis that does not stay:
+        # XLA's SPMD partitioner does not split that into gathers and an all-to-all; it
+        # rematerialises the whole tensor ("involuntary full rematerialization") and slices
+        # the target out (measured on XLA:CPU, jax 0.10).
+        return [("all-gather", nbytes, math.prod(sizes[a] for a in src_axes), tuple(src_axes))]
     for a in moved:
         out.append(("all-to-all", shard, sizes[a], (a,)))
     if gathered:
