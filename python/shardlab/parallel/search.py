@@ -291,13 +291,14 @@ def search(
                 raise
             fallback = _compiled_baseline(fn, tuple(args), mesh, profile, traced,
                                           budget_bytes, used, notes)  # fmt: skip
-            if fallback is not None:
-                return dataclasses.replace(fallback, search_time=time.perf_counter() - start)
-            raise SearchError(
-                f"no plan fits memory_budget={memory_budget:.0f} bytes per device once "
-                f"compiled: {notes[-1]}; with the model's budget tightened to {target:.0f} B: "
-                f"{e}; no baseline compiles within the budget either"
-            ) from e
+            if fallback is None:
+                raise SearchError(
+                    f"no plan fits memory_budget={memory_budget:.0f} bytes per device once "
+                    f"compiled: {notes[-1]}; with the model's budget tightened to "
+                    f"{target:.0f} B: {e}; no baseline compiles within the budget either"
+                ) from e
+            plan = fallback
+            break
         choice = tie_scan_choices(space, choice)  # one choice per scan-body equation
         report(0.95, "building the plan")
         plan = make_plan(
