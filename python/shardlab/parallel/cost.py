@@ -88,7 +88,7 @@ class DeviceProfile(_Record):
         """Bandwidth for a collective spanning ``axes``: the slowest axis involved, and the
         kind's own figure if it is slower."""
         found = [self.axis_bandwidth[a] for a in axes if a in self.axis_bandwidth]
-        if kind in self.kind_bandwidth:
+        if kind is not None and kind in self.kind_bandwidth:
             found.append(self.kind_bandwidth[kind])
         return min(found) if found else self.link_bandwidth
 
