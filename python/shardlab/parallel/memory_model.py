@@ -96,10 +96,8 @@ def liveness(graph: OpGraph, live: Sequence[bool]) -> Liveness:
     last_use: dict[int, int] = {}
     for i in order:
         for v in graph.nodes[i].inputs:
-            for s in source_of(v):
+            for s in source_of(v) | {v}:  # program order: the latest read wins
                 last_use[s] = i
-            last_use.setdefault(v, i)
-            last_use[v] = max(last_use[v], i)
     materialized = frozenset(
         v for i in order for v in graph.nodes[i].outputs if v not in fused
     )  # fmt: skip

@@ -289,15 +289,9 @@ def search(
         except SearchError as e:
             if attempt == 0:
                 raise
-            fallback = _compiled_baseline(fn, tuple(args), mesh, profile, traced,
-                                          budget_bytes, used, notes)  # fmt: skip
-            if fallback is None:
-                raise SearchError(
-                    f"no plan fits memory_budget={memory_budget:.0f} bytes per device once "
-                    f"compiled: {notes[-1]}; with the model's budget tightened to "
-                    f"{target:.0f} B: {e}; no baseline compiles within the budget either"
-                ) from e
-            plan = fallback
+            why = f"{notes[-1]}; with the model's budget tightened to {target:.0f} B: {e}"
+            plan = _compiled_baseline(fn, tuple(args), mesh, profile, traced, budget_bytes,
+                                      used, notes, why)  # fmt: skip
             break
         choice = tie_scan_choices(space, choice)  # one choice per scan-body equation
         report(0.95, "building the plan")
@@ -325,29 +319,28 @@ def search(
             f"{memory_budget:.0f} B (the model predicted {plan.cost.memory.peak} B)"
         )
     else:
-        fallback = _compiled_baseline(fn, tuple(args), mesh, profile, traced,
-                                      budget_bytes, used, notes)  # fmt: skip
-        if fallback is None:
-            raise SearchError(
-                f"no plan fits memory_budget={memory_budget:.0f} bytes per device once "
-                f"compiled: {notes[-1]} after 3 tightened searches, and no baseline compiles "
-                "within it. Raise the budget, or use a larger mesh."
-            )
-        plan = fallback
+        why = f"{notes[-1]} after 3 tightened searches"
+        plan = _compiled_baseline(fn, tuple(args), mesh, profile, traced, budget_bytes, used,
+                                  notes, why)  # fmt: skip
     report(1.0, "done")
     return dataclasses.replace(plan, search_time=time.perf_counter() - start)
 
 
 def _compiled_baseline(fn, args, mesh, profile, traced, budget: float, used: str,
-                       notes: list[str]) -> Plan | None:  # fmt: skip
+                       notes: list[str], why: str) -> Plan:  # fmt: skip
     """The fastest (predicted) baseline whose compiled memory fits ``budget``, when the
-    searched plans' compiled memory does not: the model under-predicted XLA's buffers."""
+    searched plans' compiled memory does not (the model under-predicted XLA's buffers).
+
+    Raises:
+        SearchError: no baseline compiles within the budget either (``why``: what the
+            search tried).
+    """
     from shardlab.parallel.strategies import baselines
 
     try:
         options = baselines(fn, *args, mesh=mesh, device=profile, traced=traced)
-    except SearchError:
-        return None
+    except SearchError:  # unusual argument structure: no baselines to fall back on
+        options = {}
     for name, p in sorted(options.items(), key=lambda item: item[1].cost.time):
         compiled = p.verify().memory.total
         if compiled <= budget:
@@ -355,7 +348,10 @@ def _compiled_baseline(fn, args, mesh, profile, traced, budget: float, used: str
                     f"compiles within it is returned: {name} ({compiled} B)")  # fmt: skip
             return dataclasses.replace(p, method=f"{used}→{name}", optimal=None,
                                        notes=(*notes, note), memory_budget=int(budget))  # fmt: skip
-    return None
+    raise SearchError(
+        f"no plan fits memory_budget={budget:.0f} bytes per device once compiled: {why}; no "
+        "baseline compiles within it either. Raise the budget, or use a larger mesh."
+    )
 
 
 def _portfolio(plan: Plan, fn, args, mesh, profile, traced, budget) -> Plan:
