@@ -92,7 +92,7 @@ def load_ipython_extension(ipython: Any) -> None:
     Device pinning must happen before JAX starts; if JAX is already running, ``%devices``
     explains the options (an in-process CPU switch, or a pinned kernelspec).
     """
-    from .kernel.session import register
+    from .kernel.register import register
 
     register(ipython)
     print(_pinning_note())
@@ -116,6 +116,6 @@ def _pinning_note() -> str:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    from .kernel.session import unregister
+    from .kernel.register import unregister
 
     unregister(ipython)

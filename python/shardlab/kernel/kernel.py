@@ -1,9 +1,10 @@
 """``ShardlabKernel``: an IPython kernel with per-cell modes, hooks and a status comm.
 
-Everything it adds lives in :class:`~shardlab.kernel.session.ShardlabSession` (also loaded by
-``%load_ext shardlab`` in a stock kernel); the kernel adds what only a kernel can do: it sees
-each execute request's cell metadata (JupyterLab sends it; ``{"shardlab": {"mode": ...}}``
-chooses the cell's mode) and puts the effective mode into each execute_reply's metadata.
+Everything it adds lives in :class:`~shardlab.kernel.session.ShardlabSession`, wired into the
+shell by :func:`~shardlab.kernel.register.register` (which ``%load_ext shardlab`` calls in a
+stock kernel too); the kernel adds what only a kernel can do: it sees each execute request's
+cell metadata (JupyterLab sends it; ``{"shardlab": {"mode": ...}}`` chooses the cell's mode)
+and puts the effective mode into each execute_reply's metadata.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from ipykernel.ipkernel import IPythonKernel
 
 from .._version import __version__
-from .session import register
+from .register import register
 
 
 class ShardlabKernel(IPythonKernel):

@@ -1,4 +1,8 @@
-"""shardlab's magics: ``%mode``, ``%%eager``/``%%jit``/``%%graph``, ``%release``, ``%devices``."""
+"""shardlab's magics: ``%mode``, ``%%eager``/``%%jit``/``%%graph``, ``%release``, ``%devices``.
+
+Each :class:`ShardlabMagics` is given the session it acts on (``register.py`` wires them);
+``session.py`` does not import this module.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from ..engine.devices import DeviceSpecError, parse_devices, switch_cpu_devices
 from ..engine.errors import GraphStagingError
 from ..engine.graph import run_graph_cell
 from ..engine.modes import ModeError, mode_context, parse_mode
+from .session import kernel_objects
 
 if TYPE_CHECKING:
     from .session import ShardlabSession
@@ -124,11 +129,8 @@ class ShardlabMagics(Magics):
             return cached
         shell = self.shell
         assert shell is not None
-        self.session._in_graph_body = True
-        try:
+        with self.session.graph_body():
             code = shell.transform_cell(cell)
-        finally:
-            self.session._in_graph_body = False
         cell_text = ("%%graph\n" if offset else "") + cell
         filename = shell.compile.cache(cell_text, shell.execution_count)
         if len(self._graph_sources) > 256:
@@ -209,14 +211,8 @@ def release_shell(shell: Any, session: ShardlabSession, *, delete_named: bool = 
         shell.user_ns,
         delete_named=delete_named,
         skip_names=frozenset(getattr(shell, "user_ns_hidden", {})),
-        stop_at=_kernel_objects(shell),
+        stop_at=kernel_objects(shell),
     )
-
-
-def _kernel_objects(shell: Any) -> tuple[object, ...]:
-    """The shell and kernel objects: a walk for the user's arrays must not enter them."""
-    kernel = getattr(shell, "kernel", None)
-    return tuple(o for o in (shell, kernel, getattr(shell, "displayhook", None)) if o is not None)
 
 
 def _mesh_text(namespace: dict[str, Any]) -> str:

@@ -1,8 +1,13 @@
 """The per-shell state of shardlab: modes, graph cache, hooks and status.
 
-One ``ShardlabSession`` is attached to an IPython shell, by the shardlab kernel or by
-``%load_ext shardlab`` in a stock IPython kernel. It is a traitlets ``Configurable``, so
-``%config ShardlabSession.reset_on_mode_switch = False`` and config files work.
+One ``ShardlabSession`` is attached to an IPython shell by :func:`.register.register` (which
+the shardlab kernel and ``%load_ext shardlab`` in a stock IPython kernel call). It is a
+traitlets ``Configurable``, so ``%config ShardlabSession.reset_on_mode_switch = False`` and
+config files work.
+
+This module is the model: it imports no other module of ``kernel/`` (magics, the status
+channel and the wiring import it). What it reports after each cell goes to ``status``, a
+:class:`StatusSink` that the wiring plugs in.
 
 How a cell runs:
   1. the kernel (when it is the shardlab kernel) hands the cell metadata to
@@ -11,16 +16,19 @@ How a cell runs:
      ``%%eager``/``%%jit`` lines become blank lines (keeping line numbers);
   3. ``pre_run_cell`` resets caches when the mode changed and enters ``jax.disable_jit()`` for
      eager cells; ``post_run_cell`` leaves it, records the mode, releases memory after an
-     out-of-memory error and sends the status record on the ``shardlab`` comm.
+     out-of-memory error and sends the status record (on the ``shardlab`` comm, see
+     ``status.py``).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from traitlets import Bool, Enum, Instance, Int
 from traitlets.config import LoggingConfigurable
@@ -36,7 +44,6 @@ from ..engine.modes import (
     parse_mode_magic,
     resolve_mode,
 )
-from .status import StatusChannel
 
 _GRAPH_MAGIC = "%%graph --shardlab-line-offset=0\n"
 
@@ -59,6 +66,19 @@ class HistoryItem:
     duration_s: float  # from pre_run_cell to post_run_cell: the cell's own run time
 
 
+class StatusSink(Protocol):
+    """Where a session reports after each cell: the ``shardlab`` comm (``status.py``)."""
+
+    def send(self, *, force: bool = False) -> None: ...
+
+
+class _NoStatus:
+    """The status sink of a session nothing listens to."""
+
+    def send(self, *, force: bool = False) -> None:
+        return None
+
+
 class ShardlabSession(LoggingConfigurable):
     """Modes, caches and hooks of one shell."""
 
@@ -73,7 +93,9 @@ class ShardlabSession(LoggingConfigurable):
     release_after_oom = Bool(
         True, help="After a cell fails out of memory, release unreachable arrays and caches."
     ).tag(config=True)
-    history_length = Int(20, help="How many cells' effective modes %mode lists.").tag(config=True)
+    history_length = Int(
+        20, help="How many cells' effective modes the session keeps (%mode lists the last 10)."
+    ).tag(config=True)
     shell = Instance("IPython.core.interactiveshell.InteractiveShellABC", allow_none=True)
 
     def __init__(self, shell: Any, **kwargs: Any) -> None:
@@ -84,7 +106,7 @@ class ShardlabSession(LoggingConfigurable):
         self.current: CellMode | None = None
         self.last_mode: Mode | None = None
         self.history: collections.deque[HistoryItem] = collections.deque(maxlen=self.history_length)
-        self.status = StatusChannel(self)
+        self.status: StatusSink = _NoStatus()  # the wiring plugs in the comm channel
         self._eager_context: Any = None
         self._started = time.perf_counter()
         self._in_graph_body = False
@@ -146,6 +168,15 @@ class ShardlabSession(LoggingConfigurable):
             return ["\n"] * (blank_lines + 1) + body.splitlines(True)
         return lines
 
+    @contextlib.contextmanager
+    def graph_body(self) -> Iterator[None]:
+        """While ``%%graph`` has IPython transform its body, :meth:`transform` passes it."""
+        self._in_graph_body = True
+        try:
+            yield
+        finally:
+            self._in_graph_body = False
+
     # -- events ----------------------------------------------------------------------------
     def pre_run_cell(self, info: Any) -> None:
         cell = self.mode_of(info.raw_cell or "")
@@ -173,12 +204,10 @@ class ShardlabSession(LoggingConfigurable):
             self.history.append(HistoryItem(int(count), cell.mode, cell.source, duration))
         error = getattr(result, "error_in_exec", None)
         if error is not None and self.release_after_oom and _is_out_of_memory(error):
-            from .magics import _kernel_objects
-
             report = memory.release(
                 self._shell.user_ns,
                 skip_names=frozenset(self._shell.user_ns_hidden),
-                stop_at=_kernel_objects(self._shell),
+                stop_at=kernel_objects(self._shell),
             )
             print(
                 "[shardlab] the cell ran out of memory; released temporaries and caches:\n"
@@ -214,32 +243,27 @@ def _is_out_of_memory(error: BaseException) -> bool:
     return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
 
 
-def register(shell: Any) -> ShardlabSession:
-    """Attaches one session to ``shell`` (idempotent) and hooks it in."""
-    existing = getattr(shell, "_shardlab_session", None)
-    if isinstance(existing, ShardlabSession):
-        return existing
-    session = ShardlabSession(shell, config=shell.config)
-    shell._shardlab_session = session
-    shell.configurables.append(session)
-    shell.input_transformers_cleanup.append(session.transform)
-    shell.events.register("pre_run_cell", session.pre_run_cell)
-    shell.events.register("post_run_cell", session.post_run_cell)
-    from .magics import ShardlabMagics
-
-    shell.register_magics(ShardlabMagics(shell, session=session))
-    session.status.register_target()
-    return session
+def kernel_objects(shell: Any) -> tuple[object, ...]:
+    """The shell and kernel objects: a walk for the user's arrays must not enter them."""
+    kernel = getattr(shell, "kernel", None)
+    return tuple(o for o in (shell, kernel, getattr(shell, "displayhook", None)) if o is not None)
 
 
-def unregister(shell: Any) -> None:
+# -- the session of a shell ----------------------------------------------------------------
+# A shell keeps its session in ``shell._shardlab_session``; only these functions touch it.
+
+
+def session_of(shell: Any) -> ShardlabSession | None:
+    """The session attached to ``shell``, if any."""
     session = getattr(shell, "_shardlab_session", None)
-    if not isinstance(session, ShardlabSession):
-        return
-    if session.transform in shell.input_transformers_cleanup:
-        shell.input_transformers_cleanup.remove(session.transform)
-    shell.events.unregister("pre_run_cell", session.pre_run_cell)
-    shell.events.unregister("post_run_cell", session.post_run_cell)
+    return session if isinstance(session, ShardlabSession) else None
+
+
+def attach(shell: Any, session: ShardlabSession) -> None:
+    shell._shardlab_session = session
+
+
+def detach(shell: Any) -> None:
     del shell._shardlab_session
 
 
@@ -248,6 +272,4 @@ def current_session() -> ShardlabSession | None:
     ipython = sys.modules.get("IPython")
     if ipython is None:
         return None
-    shell = ipython.get_ipython()
-    session = getattr(shell, "_shardlab_session", None)
-    return session if isinstance(session, ShardlabSession) else None
+    return session_of(ipython.get_ipython())

@@ -3,9 +3,12 @@
 A front end (the lab extension, a test) opens a comm with target ``shardlab``; the kernel
 answers at once with the status record and sends it again after every cell that changed it
 (mode, devices or per-device bytes; the execution count and duration alone do not count, so
-trivial cells cost no message). A message
-``{"request": "status"}`` on the comm asks for it on demand. The record is small: default
-mode, last effective mode, devices, per-device live bytes.
+trivial cells cost no message). A message ``{"request": "status"}`` on the comm asks for it
+on demand. The record is small: default mode, last effective mode, devices, per-device live
+bytes.
+
+A :class:`StatusChannel` belongs to one session, which it is given; the session only sees it
+as its ``status`` sink (``session.py`` does not import this module).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class StatusChannel:
         self._last_key: str | None = None
 
     def register_target(self) -> None:
+        """Lets front ends open ``shardlab`` comms to this session's kernel."""
         kernel = getattr(self.session.shell, "kernel", None)
         manager = getattr(kernel, "comm_manager", None)
         if manager is None:  # a terminal IPython: no front end to talk to

@@ -1,0 +1,45 @@
+"""Wiring: one session per shell, with its magics, its status channel and IPython's hooks.
+
+The shardlab kernel and ``%load_ext shardlab`` call :func:`register`. This is the one module
+that knows every part of ``kernel/``, and imports run one way, from here down: ``register``
+imports ``magics`` and ``status``; each of them imports ``session``, the model, which
+imports none of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .magics import ShardlabMagics
+from .session import ShardlabSession, attach, detach, session_of
+from .status import StatusChannel
+
+
+def register(shell: Any) -> ShardlabSession:
+    """Attaches one session to ``shell`` (idempotent) and hooks it in."""
+    existing = session_of(shell)
+    if existing is not None:
+        return existing
+    session = ShardlabSession(shell, config=shell.config)
+    status = StatusChannel(session)
+    session.status = status
+    attach(shell, session)
+    shell.configurables.append(session)
+    shell.input_transformers_cleanup.append(session.transform)
+    shell.events.register("pre_run_cell", session.pre_run_cell)
+    shell.events.register("post_run_cell", session.post_run_cell)
+    shell.register_magics(ShardlabMagics(shell, session=session))
+    status.register_target()
+    return session
+
+
+def unregister(shell: Any) -> None:
+    """Unhooks the session of ``shell`` (its magics and comm target stay registered)."""
+    session = session_of(shell)
+    if session is None:
+        return
+    if session.transform in shell.input_transformers_cleanup:
+        shell.input_transformers_cleanup.remove(session.transform)
+    shell.events.unregister("pre_run_cell", session.pre_run_cell)
+    shell.events.unregister("post_run_cell", session.post_run_cell)
+    detach(shell)
