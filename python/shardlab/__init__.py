@@ -12,6 +12,7 @@ from . import strategies
 from ._version import __version__
 from .engine import GraphCache, GraphStagingError, ModeError, ReleaseReport
 from .engine.devices import DeviceSpecError, SwitchReport
+from .kernel.release import release
 from .parallel import (
     DEVICE_PROFILES,
     Collective,
@@ -64,26 +65,6 @@ __all__ = [
     "unload_ipython_extension",
     "watch",
 ]
-
-
-def release(*, all: bool = False) -> ReleaseReport:
-    """Frees memory like ``%release``: output history, caches, unreachable arrays, heap.
-
-    In a notebook (shardlab kernel or ``%load_ext shardlab``) arrays bound to names are kept
-    unless ``all=True``. Outside IPython no arrays are deleted, only caches and heap.
-    """
-    from .engine import memory
-
-    try:
-        from .kernel.session import current_session
-    except ImportError:  # IPython not installed
-        return memory.release(None)
-    session = current_session()
-    if session is None:
-        return memory.release(None)
-    from .kernel.magics import release_shell
-
-    return release_shell(session.shell, session, delete_named=all)
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -19,7 +19,7 @@ from ..engine.devices import DeviceSpecError, parse_devices, switch_cpu_devices
 from ..engine.errors import GraphStagingError
 from ..engine.graph import run_graph_cell
 from ..engine.modes import ModeError, mode_context, parse_mode
-from .session import kernel_objects
+from .release import release_shell
 
 if TYPE_CHECKING:
     from .session import ShardlabSession
@@ -193,26 +193,6 @@ class ShardlabMagics(Magics):
             raise UsageError(str(error)) from None
         print(report.text())
         self.session.status.send()
-
-
-def release_shell(shell: Any, session: ShardlabSession, *, delete_named: bool = False):
-    """The kernel's release: output history first, then :func:`memory.release`."""
-    if shell is not None:
-        try:
-            shell.displayhook.flush()  # Out, _, __, ___ and _N
-        except Exception:
-            pass
-        for name in ("_", "__", "___"):
-            shell.user_ns.pop(name, None)
-    session.graph_cache.clear()
-    if shell is None:
-        return memory.release(None)
-    return memory.release(
-        shell.user_ns,
-        delete_named=delete_named,
-        skip_names=frozenset(getattr(shell, "user_ns_hidden", {})),
-        stop_at=kernel_objects(shell),
-    )
 
 
 def _mesh_text(namespace: dict[str, Any]) -> str:

@@ -2,8 +2,8 @@
 
 The shardlab kernel and ``%load_ext shardlab`` call :func:`register`. This is the one module
 that knows every part of ``kernel/``, and imports run one way, from here down: ``register``
-imports ``magics`` and ``status``; each of them imports ``session``, the model, which
-imports none of them.
+imports ``magics`` and ``status``; ``magics`` imports ``release``; each of them imports
+``session``, the model, which imports none of them.
 """
 
 from __future__ import annotations
