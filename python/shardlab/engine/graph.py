@@ -3,7 +3,8 @@
 Names the cell reads that hold arrays (or pytrees with array leaves) become the program's
 inputs; names it binds become outputs written back to the namespace after a successful run
 (so a failing or interrupted cell changes nothing). Everything else the cell reads is static:
-part of the cache key (by value when hashable, else by identity) and closed over.
+part of the cache key and closed over. The key holds numbers, strings, bytes, ``None`` and
+hashable tuples and frozensets by value, any other object by identity.
 
 The cache is keyed by cell source and the static part; JAX's own jit cache then keys on input
 shapes, dtypes and shardings, so re-running a cell with same-shaped inputs does not retrace.
@@ -20,7 +21,7 @@ import builtins
 import collections
 import linecache
 import sys
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,9 +48,15 @@ _TRACE_ERRORS = (
 
 
 def _is_array(leaf: object) -> bool:
+    """An input leaf the program takes as an argument: a JAX array or a numeric NumPy array."""
     if isinstance(leaf, jax.Array):
         return True
     return isinstance(leaf, np.ndarray) and leaf.dtype != object
+
+
+def _is_jax_array(leaf: object) -> bool:
+    """An array leaf of a value made while tracing (outputs, ``print`` arguments)."""
+    return isinstance(leaf, jax.Array)
 
 
 def _static_key(value: object) -> object:
@@ -63,11 +70,37 @@ def _static_key(value: object) -> object:
 
 
 @dataclass(frozen=True)
-class _Input:
-    name: str
+class _Parts:
+    """A pytree taken apart: its structure, where its array leaves were, the other leaves.
+
+    Inputs, outputs and ``print`` arguments of a graph cell all cross the program boundary
+    this way: the arrays go through the program, the rest is kept here to rebuild the tree.
+    """
+
     treedef: Any
     array_positions: tuple[int, ...]
     static_leaves: tuple[Any, ...]  # None where an array goes
+
+    def rebuild(self, arrays: Sequence[Any]) -> Any:
+        """The pytree again, with ``arrays`` (one per array position, in order) put back."""
+        leaves = list(self.static_leaves)
+        for position, array in zip(self.array_positions, arrays, strict=True):
+            leaves[position] = array
+        return jax.tree_util.tree_unflatten(self.treedef, leaves)
+
+
+def _split(tree: Any, is_array: Callable[[object], bool]) -> tuple[_Parts, list[Any]]:
+    """Takes ``tree`` apart: its parts, and its leaves for which ``is_array`` holds."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    positions = tuple(i for i, leaf in enumerate(leaves) if is_array(leaf))
+    static_leaves = tuple(None if i in positions else leaf for i, leaf in enumerate(leaves))
+    return _Parts(treedef, positions, static_leaves), [leaves[i] for i in positions]
+
+
+@dataclass(frozen=True)
+class _Input:
+    name: str
+    parts: _Parts
 
 
 class DeferredFormat:
@@ -94,9 +127,9 @@ jax.tree_util.register_pytree_node(
 
 @dataclass
 class _Print:
-    treedef: Any
-    array_positions: tuple[int, ...]
-    leaves: list[Any]
+    """One ``print`` call of a trace: its arguments, taken apart, and its keywords."""
+
+    args: _Parts
     kwargs: dict[str, Any]
 
 
@@ -105,9 +138,7 @@ class _Structure:
     """What a trace found out about the outputs (recorded per input signature)."""
 
     names: tuple[str, ...]
-    treedef: Any
-    array_positions: tuple[int, ...]
-    static_leaves: tuple[Any, ...]
+    values: _Parts  # the values of ``names``, as a tuple
     prints: list[_Print]
 
 
@@ -244,24 +275,16 @@ def _split_inputs(
         if name not in namespace:
             continue
         value = namespace[name]
-        leaves, treedef = jax.tree_util.tree_flatten(value)
-        positions = tuple(i for i, leaf in enumerate(leaves) if _is_array(leaf))
-        if positions:
-            static_leaves = tuple(None if i in positions else leaf for i, leaf in enumerate(leaves))
-            inputs.append(_Input(name, treedef, positions, static_leaves))
-            arrays.extend(leaves[i] for i in positions)
-            key_parts.append((name, "array", treedef, tuple(_static_key(s) for s in static_leaves)))
+        parts, leaves = _split(value, _is_array)
+        if leaves:
+            inputs.append(_Input(name, parts))
+            arrays.extend(leaves)
+            static_key = tuple(_static_key(s) for s in parts.static_leaves)
+            key_parts.append((name, "array", parts.treedef, static_key))
         else:
             statics[name] = value
             key_parts.append((name, "static", _static_key(value)))
     return tuple(inputs), arrays, statics, tuple(key_parts)
-
-
-def _rebuild(spec: _Input, arrays: list[Any]) -> Any:
-    leaves = list(spec.static_leaves)
-    for position, array in zip(spec.array_positions, arrays, strict=True):
-        leaves[position] = array
-    return jax.tree_util.tree_unflatten(spec.treedef, leaves)
 
 
 def _signature(arrays: list[Any]) -> tuple[Any, ...]:
@@ -276,23 +299,22 @@ def _make_staged(entry: _Entry, cache: GraphCache) -> Callable[..., Any]:
         entry.traces += 1
         cache.total_traces += 1
         prints: list[_Print] = []
+        print_arrays: list[Any] = []  # the array arguments of ``prints``, in order
         outer_trace = next((getattr(a, "_trace", None) for a in arrays), None)
 
         def staged_print(*args: Any, **kwargs: Any) -> None:
-            leaves, treedef = jax.tree_util.tree_flatten(args)
-            positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array))
-            foreign = any(
-                getattr(leaves[i], "_trace", outer_trace) is not outer_trace for i in positions
-            )
+            parts, args_arrays = _split(args, _is_jax_array)
+            record = _Print(parts, kwargs)
+            foreign = any(getattr(a, "_trace", outer_trace) is not outer_trace for a in args_arrays)
             if foreign:  # inside a nested transformation: a runtime callback instead
-                arrays_in = [leaves[i] for i in positions]
 
                 def callback(*values: Any) -> None:
-                    _emit(_Print(treedef, positions, list(leaves), kwargs), list(values))
+                    _emit(record, list(values))
 
-                jax.debug.callback(callback, *arrays_in)
+                jax.debug.callback(callback, *args_arrays)
                 return
-            prints.append(_Print(treedef, positions, leaves, kwargs))
+            prints.append(record)
+            print_arrays.extend(args_arrays)
 
         namespace: dict[str, Any] = {
             "__name__": "__main__",
@@ -302,29 +324,21 @@ def _make_staged(entry: _Entry, cache: GraphCache) -> Callable[..., Any]:
         namespace.update(entry.statics)
         offset = 0
         for spec in entry.inputs:
-            count = len(spec.array_positions)
-            namespace[spec.name] = _rebuild(spec, arrays[offset : offset + count])
+            count = len(spec.parts.array_positions)
+            namespace[spec.name] = spec.parts.rebuild(arrays[offset : offset + count])
             offset += count
         exec(cell.code, namespace)
         names = tuple(n for n in (*cell.binds, RESULT_NAME) if n in namespace)
-        values = tuple(namespace[n] for n in names)
-        leaves, treedef = jax.tree_util.tree_flatten(values)
-        positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array))
-        static_leaves = tuple(None if i in positions else leaf for i, leaf in enumerate(leaves))
-        entry.structures[_signature(arrays)] = _Structure(
-            names, treedef, positions, static_leaves, prints
-        )
-        print_arrays = [p.leaves[i] for p in prints for i in p.array_positions]
-        return [leaves[i] for i in positions], print_arrays
+        parts, out_arrays = _split(tuple(namespace[n] for n in names), _is_jax_array)
+        entry.structures[_signature(arrays)] = _Structure(names, parts, prints)
+        return out_arrays, print_arrays
 
     return staged
 
 
 def _emit(record: _Print, values: list[Any]) -> None:
-    leaves = list(record.leaves)
-    for position, value in zip(record.array_positions, values, strict=True):
-        leaves[position] = np.asarray(value)
-    args = jax.tree_util.tree_unflatten(record.treedef, leaves)
+    """Prints ``record`` with ``values``, this run's values of its array arguments."""
+    args = record.args.rebuild([np.asarray(value) for value in values])
     rendered = [a.render() if isinstance(a, DeferredFormat) else a for a in args]
     builtins.print(*rendered, **record.kwargs)
 
@@ -376,15 +390,12 @@ def run_graph_cell(
         raise translate_trace_error(error, cell) from None
     structure = entry.structures[_signature(arrays)]
     entry.runs += 1
-    leaves = list(structure.static_leaves)
-    for position, value in zip(structure.array_positions, out_arrays, strict=True):
-        leaves[position] = value
-    values = jax.tree_util.tree_unflatten(structure.treedef, leaves)
+    values = structure.values.rebuild(out_arrays)
     # Print what the cell printed, in program order, with this run's values.
     jax.block_until_ready(print_arrays)
     offset = 0
     for record in structure.prints:
-        count = len(record.array_positions)
+        count = len(record.args.array_positions)
         _emit(record, print_arrays[offset : offset + count])
         offset += count
     jax.effects_barrier()
