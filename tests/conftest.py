@@ -11,6 +11,8 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["JAX_NUM_CPU_DEVICES"] = "8"
+# A sharding rule that raises is a bug: surface it (users get a replicated fallback).
+os.environ["SHARDLAB_STRICT_RULES"] = "1"
 
 import jax
 

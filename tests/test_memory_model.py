@@ -9,12 +9,12 @@ import pytest
 
 from shardlab import strategies
 from shardlab.bench import models
-from shardlab.parallel.annotations import SearchError
-from shardlab.parallel.memory_model import liveness
+from shardlab.parallel.cost.memory import liveness
+from shardlab.parallel.errors import SearchError
+from shardlab.parallel.graph.opgraph import live_nodes
+from shardlab.parallel.graph.trace import trace
 from shardlab.parallel.mesh import mesh as make_mesh
-from shardlab.parallel.opgraph import build
-from shardlab.parallel.propagate import live_nodes
-from shardlab.parallel.search import search
+from shardlab.parallel.search.driver import search
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def test_elementwise_chains_are_fused_and_matmul_outputs_are_not():
         return jnp.sum(jnp.exp(h @ w))
 
     x, w = jnp.ones((64, 32)), jnp.ones((32, 16))
-    g = build(f, x, w)
+    g = trace(f, x, w, unroll_scans=False).graph
     lv = liveness(g, live_nodes(g))
     prim = {v: n.primitive for n in g.nodes for v in n.outputs}
     fused = {prim[v] for v in prim if v not in lv.materialized}

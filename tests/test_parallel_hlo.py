@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardlab.parallel as sp
-from shardlab.parallel.hlo import collectives_from_hlo, parse_replica_groups, shape_bytes
+from shardlab.parallel.compiled.hlo import collectives_from_hlo, parse_replica_groups, shape_bytes
 
 MESH_24 = {"data": 2, "model": 4}
 

@@ -16,10 +16,10 @@ from jax.sharding import PartitionSpec as P
 
 import shardlab.parallel as sp
 from shardlab.bench import fidelity
-from shardlab.parallel import layouts
-from shardlab.parallel.cost import wire_bytes
-from shardlab.parallel.opgraph import build
-from shardlab.parallel.rules import rule_for
+from shardlab.parallel.cost import layouts
+from shardlab.parallel.cost.profiles import wire_bytes
+from shardlab.parallel.graph.rules import rule_for
+from shardlab.parallel.graph.trace import trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,7 +41,7 @@ def test_opgraph_inlines_calls_keeps_control_flow_and_sources():
         y, _ = jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), y, ws)
         return jnp.cumsum(y, axis=0).sum()
 
-    graph = build(fn, jnp.ones((4, 4)), jnp.ones((3, 4, 4)))
+    graph = trace(fn, jnp.ones((4, 4)), jnp.ones((3, 4, 4)), unroll_scans=False).graph
     prims = graph.primitive_counts()
     for nested in ("jit", "custom_vjp_call", "custom_jvp_call", "remat2", "checkpoint"):
         assert nested not in prims
@@ -63,7 +63,8 @@ def test_rules_dot_general_reshape_and_broadcast():
         e = d.reshape(4, 2, 6, 5)  # split the 8 into 2 x ... no: (4,8,... ) see shapes
         return e, c.reshape(6, 4)[None] + 1.0
 
-    graph = build(fn, jnp.ones((4, 12, 3)), jnp.ones((4, 3, 5)), jnp.ones((2, 12)))
+    args = (jnp.ones((4, 12, 3)), jnp.ones((4, 3, 5)), jnp.ones((2, 12)))
+    graph = trace(fn, *args, unroll_scans=False).graph
     dot, reshape = graph.nodes[0], graph.nodes[1]
     r = rule_for(dot, graph)
     (lhs, rhs), (out,) = r.operands, r.results
@@ -212,7 +213,7 @@ def test_graph_and_prediction_of_a_deep_model_are_fast():
     grad = jax.grad(deep)
     args = ([params] * layers, batch)
     start = time.perf_counter()
-    graph = build(grad, *args)
+    graph = trace(grad, *args, unroll_scans=False).graph
     cost = sp.predict(
         grad, *args, mesh=m, in_shardings=([specs] * layers, batch_specs), graph=graph
     )

@@ -38,7 +38,7 @@ def no_compile(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("compiled despite a bad spec")
 
-    analyze_module = importlib.import_module("shardlab.parallel.analyze")
+    analyze_module = importlib.import_module("shardlab.parallel.compiled.analyze")
     monkeypatch.setattr(analyze_module.jax, "jit", boom)
 
 

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
-import shardlab.parallel.search as S
-from shardlab.parallel.annotations import SearchError
+import shardlab.parallel.search.driver as S
+from shardlab.parallel.errors import SearchError
 from shardlab.parallel.mesh import mesh as make_mesh
 from shardlab.parallel.specs import ShardingSpecError
 

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardlab.parallel.mesh import mesh as make_mesh
-from shardlab.parallel.search import search
+from shardlab.parallel.search.driver import search
 
 OPS = ("matmul", "tanh", "residual", "center", "transpose", "reshape", "colsum")
 MESHES = ((8,), (2, 4), (4, 2))

@@ -12,14 +12,14 @@ from jax.sharding import PartitionSpec as P
 
 from shardlab import strategies
 from shardlab.bench import models
-from shardlab.parallel.cost import resolve_profile
-from shardlab.parallel.ilp import solve_ilp
+from shardlab.parallel.cost.profiles import resolve_profile
+from shardlab.parallel.graph.trace import trace
 from shardlab.parallel.mesh import mesh as make_mesh
-from shardlab.parallel.opgraph import build
-from shardlab.parallel.recursive import solve_recursive
-from shardlab.parallel.repeats import colours
-from shardlab.parallel.search import search
-from shardlab.parallel.space import build_space
+from shardlab.parallel.search.build import build_space
+from shardlab.parallel.search.driver import search
+from shardlab.parallel.search.ilp import solve_ilp
+from shardlab.parallel.search.recursive import solve_recursive
+from shardlab.parallel.search.repeats import colours
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +51,8 @@ def test_mlp_regimes_pick_data_and_tensor_parallel(m8):
 
 def test_ilp_is_exact_and_others_are_not_better(m8):
     case = models.mlp(256, 256, train=True)
-    graph = build(case.fn, *case.args)
-    from shardlab.parallel.search import find_ties
+    graph = trace(case.fn, *case.args, unroll_scans=False).graph
+    from shardlab.parallel.graph.trace import find_ties
 
     ties = find_ties(case.args, jax.eval_shape(case.fn, *case.args))
     for sizes in ({"data": 8}, {"data": 2, "model": 4}):
@@ -96,7 +96,7 @@ def _deep_mlp(layers: int, width: int = 64, batch: int = 64):
 
 def test_recursive_reuses_repeated_layers_and_matches_ilp():
     step, args = _deep_mlp(16)
-    graph = build(step, *args)
+    graph = trace(step, *args, unroll_scans=False).graph
     space = build_space(graph, {"data": 2, "model": 4}, resolve_profile("cpu-sim"))
     col = colours(space)
     assert max(col) + 1 < 0.5 * len(space.units)  # layers share colours

@@ -12,10 +12,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardlab import strategies
-from shardlab.parallel.annotations import SearchError
+from shardlab.parallel.cost.profiles import comm_time
+from shardlab.parallel.errors import SearchError
 from shardlab.parallel.mesh import mesh as make_mesh
-from shardlab.parallel.plan import Plan, comm_time
-from shardlab.parallel.search import search
+from shardlab.parallel.plan.plan import Plan
+from shardlab.parallel.search.driver import search
 
 
 def _step(params, momentum, batch):

@@ -9,14 +9,15 @@ import numpy as np
 import pytest
 
 from shardlab.bench import models
-from shardlab.parallel import opgraph
-from shardlab.parallel.cost import resolve_profile
+from shardlab.parallel.cost.profiles import resolve_profile
+from shardlab.parallel.graph import opgraph
+from shardlab.parallel.graph.opgraph import build_from_jaxpr
+from shardlab.parallel.graph.trace import find_ties
 from shardlab.parallel.mesh import mesh as make_mesh
-from shardlab.parallel.opgraph import build_from_jaxpr
-from shardlab.parallel.recursive import solve_recursive
-from shardlab.parallel.scan_ties import roles, tie_scan_choices
-from shardlab.parallel.search import find_ties, search
-from shardlab.parallel.space import build_space
+from shardlab.parallel.search.build import build_space
+from shardlab.parallel.search.driver import search
+from shardlab.parallel.search.recursive import solve_recursive
+from shardlab.parallel.search.scan_ties import roles, tie_scan_choices
 
 METHODS = ("recursive", "ilp", "auto", "propagate")
 SCAN_WARNING = "no sharding rule for primitive 'scan'"

@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardlab
-from shardlab.parallel.schedule import measure, schedule
+from shardlab.parallel.cost.schedule import measure, schedule
 from shardlab.widgets.timeline import TimelineView
 
 

@@ -11,7 +11,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardlab
-from shardlab.parallel.tiles import tile_map
+from shardlab.parallel.compiled.tiles import tile_map
 from shardlab.widgets.commgraph import CommGraphView, _scope
 from shardlab.widgets.layout import MAX_TILES, LayoutView, show
 from shardlab.widgets.memory import MemoryView, snapshot
@@ -64,7 +64,7 @@ def test_layout_error_names_dimension_and_sizes(mesh24):
 
 
 def test_layout_of_many_tiles_degrades_to_a_summary():
-    from shardlab.parallel.tiles import Tile, TileMap
+    from shardlab.parallel.compiled.tiles import Tile, TileMap
 
     tiles = tuple(Tile(((i, i + 1),), (i,), ((i,),)) for i in range(MAX_TILES + 1))
     record = TileMap((MAX_TILES + 1,), "float32", 4, "P('d')", (("d",),), (("d", MAX_TILES + 1),),

@@ -58,7 +58,7 @@ cells = [
         "Compare its compiled communication with the Megatron + data-parallel baseline."
     ),
     code(
-        "from shardlab.parallel.plan import comm_time\n"
+        "from shardlab.parallel.cost.profiles import comm_time\n"
         "plan = shardlab.search(step, *args, mesh=mesh, method='auto')\n"
         "baseline = shardlab.strategies.megatron(step, *args, mesh=mesh, data_axes=('data',))\n"
         "for label, p in (('auto', plan), ('megatron+dp', baseline)):\n"

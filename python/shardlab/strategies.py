@@ -8,6 +8,13 @@ their combinations on 2-D meshes, and ``baselines`` (all of them for a mesh). Ea
 
 from __future__ import annotations
 
-from shardlab.parallel.strategies import baselines, build, data_parallel, megatron, replicated, zero
+from shardlab.parallel.search.baselines import (
+    baselines,
+    build,
+    data_parallel,
+    megatron,
+    replicated,
+    zero,
+)
 
 __all__ = ["baselines", "build", "data_parallel", "megatron", "replicated", "zero"]

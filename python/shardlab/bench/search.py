@@ -22,11 +22,12 @@ import jax
 import numpy as np
 
 from shardlab.bench import models
-from shardlab.parallel.annotations import SearchError
+from shardlab.parallel.cost.profiles import comm_time
+from shardlab.parallel.errors import SearchError
 from shardlab.parallel.mesh import mesh as make_mesh
-from shardlab.parallel.plan import Plan, comm_time
-from shardlab.parallel.search import search
-from shardlab.parallel.strategies import baselines
+from shardlab.parallel.plan.plan import Plan
+from shardlab.parallel.search.baselines import baselines
+from shardlab.parallel.search.driver import search
 
 MESHES = ((8,), (2, 4), (4, 2))
 METHODS = ("propagate", "recursive", "ilp", "auto")

@@ -5,11 +5,11 @@ Imports jax, numpy and scipy only (never IPython or widget libraries).
 
 from __future__ import annotations
 
-from shardlab.parallel.analyze import analyze
-from shardlab.parallel.cost import DEVICE_PROFILES, DeviceProfile, wire_bytes
-from shardlab.parallel.hlo import collectives_from_hlo, parse_replica_groups
+from shardlab.parallel.compiled.analyze import analyze
+from shardlab.parallel.compiled.hlo import collectives_from_hlo, parse_replica_groups
+from shardlab.parallel.cost.predict import predict
+from shardlab.parallel.cost.profiles import DEVICE_PROFILES, DeviceProfile, wire_bytes
 from shardlab.parallel.mesh import mesh
-from shardlab.parallel.predict import predict
 from shardlab.parallel.records import (
     Collective,
     CostBreakdown,

@@ -7,7 +7,8 @@ strategy that was only predicted can be drawn the same way as one that was compi
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 COLLECTIVE_KINDS = (
     "all-reduce",
@@ -176,6 +177,15 @@ class DeviceMemoryEstimate(_Record):
     peak: int
 
 
+class CollectiveTiming(Protocol):
+    """What a breakdown needs of a device profile (``cost.profiles.DeviceProfile``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def time_of(self, collective: Collective) -> float: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class CostBreakdown(_Communicates, _Record):
     """What the cost model expects for a fully specified strategy (nothing compiled).
@@ -200,6 +210,37 @@ class CostBreakdown(_Communicates, _Record):
     device: str
     warnings: tuple[str, ...] = ()
 
+    @classmethod
+    def from_collectives(
+        cls,
+        collectives: Sequence[Collective],
+        profile: CollectiveTiming,
+        *,
+        flops: float,
+        compute_time: float,
+        memory: DeviceMemoryEstimate,
+        warnings: Sequence[str] = (),
+    ) -> CostBreakdown:
+        """The one assembly of a breakdown: per mesh axis (``"data+model"``, ``"-"`` for
+        none), wire bytes and alpha-beta seconds of ``collectives``, each counted ``count``
+        times (the trip count of an enclosing loop)."""
+        per_axis: dict[str, float] = {}
+        time_axis: dict[str, float] = {}
+        for c in collectives:
+            key = "+".join(c.mesh_axes) or "-"
+            per_axis[key] = per_axis.get(key, 0.0) + c.wire_bytes * c.count
+            time_axis[key] = time_axis.get(key, 0.0) + profile.time_of(c)
+        return cls(
+            collectives=tuple(collectives),
+            comm_bytes_per_axis=per_axis,
+            comm_time_per_axis=time_axis,
+            flops=flops,
+            compute_time=compute_time,
+            memory=memory,
+            device=profile.name,
+            warnings=tuple(warnings),
+        )
+
     @property
     def comm_time(self) -> float:
         return sum(self.comm_time_per_axis.values())
@@ -218,3 +259,22 @@ class CostBreakdown(_Communicates, _Record):
             time=self.time,
         )
         return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRow(_Record):
+    """One decision of the search, for ``Plan.table()``.
+
+    Attributes:
+        op: the primitive(s) of the unit (``input`` for an argument).
+        where: the argument path or the user's ``file:line``.
+        chosen: the split chosen (factor → mesh axes, or a ``P(...)`` for inputs).
+        cost: seconds of the chosen split: its own cost plus resharding from its producers.
+        alternatives: ``(split, seconds)`` of the next best candidates, same accounting.
+    """
+
+    op: str
+    where: str
+    chosen: str
+    cost: float
+    alternatives: tuple[tuple[str, float], ...] = ()

@@ -14,10 +14,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jax.tree_util import keystr, tree_flatten, tree_flatten_with_path
 
-
-class ShardingSpecError(ValueError):
-    """A sharding spec does not fit its argument or the mesh; nothing was compiled."""
-
+from shardlab.parallel.errors import ShardingSpecError
 
 SpecLeaf = PartitionSpec | NamedSharding | None
 

@@ -255,7 +255,7 @@ def plan_view(plan: Any) -> CommGraphView:
 
 
 def _register() -> None:
-    from ..parallel.plan import VIEWERS
+    from ..parallel.plan.plan import VIEWERS
 
     VIEWERS["plan"] = plan_view
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..parallel.compiled.tiles import TileMap, tile_map, tile_map_of
 from ..parallel.specs import ShardingSpecError
-from ..parallel.tiles import TileMap, tile_map, tile_map_of
 from ._html import View, color, error_html, esc, fmt_bytes, panel
 
 MAX_TILES = 256  # beyond this the view shows a summary instead of every tile

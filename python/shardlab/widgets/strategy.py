@@ -18,7 +18,7 @@ import jax
 from jax.sharding import Mesh, PartitionSpec
 
 from ..parallel import analyze, predict
-from ..parallel.opgraph import build_from_jaxpr
+from ..parallel.graph.opgraph import build_from_jaxpr
 from ..parallel.records import CostBreakdown, Report
 from ..parallel.specs import ShardingSpecError, check_spec, spec_entries
 
@@ -204,7 +204,7 @@ class EditorModel:
             try:
                 fn = self.fn
                 if constraints:  # re-evaluate the graph with the constraints inserted
-                    from ..parallel.interpret import interpreter
+                    from ..parallel.graph.interpret import interpreter
 
                     fn = interpreter(
                         self.graph,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..parallel.schedule import Event, Timeline, measure, schedule
+from ..parallel.cost.schedule import Event, Timeline, measure, schedule
 from ._html import KIND_COLORS, View, esc, fmt_time, panel
 
 WIDTH = 860

@@ -18,48 +18,16 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from shardlab.parallel import layouts as L
-from shardlab.parallel.annotations import SearchError
-from shardlab.parallel.cost import resolve_profile
-from shardlab.parallel.interpret import interpreter
-from shardlab.parallel.records import (
-    Collective,
-    CostBreakdown,
-    Report,
-    _Record,
-)
+from shardlab.parallel.compiled.analyze import analyze
+from shardlab.parallel.cost import layouts as L
+from shardlab.parallel.cost.profiles import comm_time
+from shardlab.parallel.errors import SearchError
+from shardlab.parallel.graph.interpret import interpreter
+from shardlab.parallel.graph.trace import Traced, trace
+from shardlab.parallel.plan.binding import Binding, checked_binding
+from shardlab.parallel.plan.io import FORMAT, plan_fields
+from shardlab.parallel.records import CostBreakdown, PlanRow, Report, _Record
 from shardlab.parallel.specs import make_spec
-
-FORMAT = "shardlab.plan/1"
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanRow(_Record):
-    """One decision of the search, for ``Plan.table()``.
-
-    Attributes:
-        op: the primitive(s) of the unit (``input`` for an argument).
-        where: the argument path or the user's ``file:line``.
-        chosen: the split chosen (factor → mesh axes, or a ``P(...)`` for inputs).
-        cost: seconds of the chosen split: its own cost plus resharding from its producers.
-        alternatives: ``(split, seconds)`` of the next best candidates, same accounting.
-    """
-
-    op: str
-    where: str
-    chosen: str
-    cost: float
-    alternatives: tuple[tuple[str, float], ...] = ()
-
-
-@dataclasses.dataclass
-class _Binding:
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    mesh: Mesh
-    graph: Any
-    in_tree: Any
-    out_tree: Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,10 +72,10 @@ class Plan(_Record):
     rows: tuple[PlanRow, ...] = ()
     notes: tuple[str, ...] = ()
     memory_budget: int | None = None
-    binding: _Binding | None = dataclasses.field(default=None, repr=False, compare=False)
+    binding: Binding | None = dataclasses.field(default=None, repr=False, compare=False)
 
     # -- shardings -----------------------------------------------------------------------
-    def _bound(self) -> _Binding:
+    def _bound(self) -> Binding:
         if self.binding is None:
             raise SearchError(
                 "this plan is not bound to a function (it was loaded from JSON): call "
@@ -175,8 +143,6 @@ class Plan(_Record):
 
     def verify(self) -> Report:
         """Compile the plan and read the actual collectives and per-device memory."""
-        from shardlab.parallel.analyze import analyze
-
         b = self._bound()
         return analyze(
             self.function(),
@@ -272,13 +238,11 @@ class Plan(_Record):
             SearchError: malformed JSON, a wrong format, specs naming unknown mesh axes,
                 specs that do not fit their shapes, or a mesh that differs from the plan's.
         """
-        from shardlab.parallel.plan_io import plan_from_dict
-
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise SearchError(f"not a plan: invalid JSON ({e})") from e
-        plan = plan_from_dict(data)
+        plan = cls(**plan_fields(data))
         if fn is not None:
             if args is None or mesh is None:
                 raise SearchError("Plan.from_json(text, fn=..., args=(...), mesh=...): give all")
@@ -287,9 +251,18 @@ class Plan(_Record):
 
     def bind(self, fn: Callable[..., Any], *args: Any, mesh: Mesh) -> Plan:
         """This plan attached to ``fn`` and example ``args`` (traced again and checked)."""
-        from shardlab.parallel.plan_io import bind_plan
+        return self.bind_traced(trace(fn, *args), mesh)
 
-        return bind_plan(self, fn, args, mesh)
+    def bind_traced(self, traced: Traced, mesh: Mesh) -> Plan:
+        """This plan attached to an already traced function (checked like ``bind``)."""
+        binding = checked_binding(
+            traced,
+            mesh,
+            mesh_shape=self.mesh_shape,
+            input_shapes=self.input_shapes,
+            fingerprint=self.fingerprint,
+        )
+        return dataclasses.replace(self, binding=binding)
 
     def compiled_comm_time(self, report: Report, device: Any = None) -> float:
         """Alpha-beta seconds of a compiled report's collectives (the target-1 metric)."""
@@ -316,12 +289,3 @@ def _index_rows(plan: Plan) -> list[_IndexRow]:
 
 # Renderers registered by shardlab.widgets (dependency inversion: parallel -> no view code).
 VIEWERS: dict[str, Callable[[Any], Any]] = {}
-
-
-def comm_time(collectives: tuple[Collective, ...], device: Any = None) -> float:
-    """Alpha-beta seconds of collectives under a device profile."""
-    profile = resolve_profile(device)
-    return sum(
-        profile.collective_time(c.kind, c.wire_bytes, c.group_size, c.mesh_axes) * c.count
-        for c in collectives
-    )

@@ -19,10 +19,9 @@ body, ``while`` and ``cond`` stay single nodes.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import jax
 import numpy as np
 from jax.extend import core as jex_core
 
@@ -370,6 +369,17 @@ def _control_jaxprs(name: str, params: dict[str, Any]) -> list[Any]:
     return out
 
 
+def live_nodes(graph: OpGraph) -> list[bool]:
+    """Dead-code elimination: which nodes feed an output (as XLA would keep them)."""
+    needed = set(graph.outputs)
+    live = [False] * len(graph.nodes)
+    for node in reversed(graph.nodes):
+        if any(v in needed for v in node.outputs):
+            live[node.index] = True
+            needed.update(node.inputs)
+    return live
+
+
 def build_from_jaxpr(
     closed: Any, unroll_scans: bool = False, *, unroll_limit: int | None = None
 ) -> OpGraph:
@@ -388,14 +398,3 @@ def build_from_jaxpr(
     ins = [b.new_var(v.aval) for v in jaxpr.invars]
     outs = b.walk(jaxpr, ins, consts)
     return OpGraph(b.nodes, b.shapes, b.dtypes, b.literal, ins, outs, b.scan_groups)
-
-
-def build(fn: Callable[..., Any], *args: Any) -> OpGraph:
-    """Trace ``fn`` with ``jax.make_jaxpr`` and build its ``OpGraph``.
-
-    Args:
-        fn: the function.
-        *args: example arguments (arrays or ``jax.ShapeDtypeStruct``); the graph's inputs are
-            their flattened leaves in ``jax.tree_util`` order.
-    """
-    return build_from_jaxpr(jax.make_jaxpr(fn)(*args))

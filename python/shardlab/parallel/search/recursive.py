@@ -18,7 +18,7 @@ Each start is improved by exact block-coordinate descent over induced forests (a
 units whose mutual edges form a forest is re-solved exactly by tree DP with every other unit
 fixed; orders: program, reverse, by weight) and then single-unit refinement. Every step is
 linear in units and edges times candidates² (bounded). Candidate lists and edge matrices are
-shared by identical layers (cached by signature in ``space.py``).
+shared by identical layers (cached by signature in ``candidates.py``).
 """
 
 from __future__ import annotations
@@ -27,34 +27,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from shardlab.parallel.space import Space
-
-Pairs = dict[tuple[int, int], np.ndarray]
-
-
-def own_costs(space: Space, extra: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
-    """Per unit, the own cost of each candidate (plus ``extra``, e.g. a memory penalty)."""
-    cache: dict[int, np.ndarray] = {}
-    out = []
-    for u in space.units:
-        arr = cache.get(id(u.cands))
-        if arr is None:
-            arr = np.array([c.cost for c in u.cands])
-            cache[id(u.cands)] = arr
-        out.append(arr + extra[u.index] if extra is not None else arr)
-    return out
-
-
-def pair_matrices(space: Space) -> Pairs:
-    """Edges summed per unordered unit pair, oriented (smaller index, larger index)."""
-    pairs: Pairs = {}
-    for e in space.edges:
-        a, b = e.src, e.dst
-        m = e.matrix if a < b else e.matrix.T
-        key = (a, b) if a < b else (b, a)
-        got = pairs.get(key)
-        pairs[key] = m if got is None else got + m
-    return pairs
+from shardlab.parallel.search.ilp import arrays_size, solve_arrays
+from shardlab.parallel.search.pairs import Pairs, own_costs, pair_matrices
+from shardlab.parallel.search.repeats import colours, periodic, quotient
+from shardlab.parallel.search.space import Space
 
 
 def _find(parent: list[int], x: int) -> int:
@@ -257,8 +233,6 @@ def repeated_start(
     """Solve the quotient of repeated structure exactly and copy the choice to every member;
     ``None`` when there is little repetition or the quotient is too large. Repeats are
     split by parity (``period``) so alternating layer strategies stay reachable."""
-    from shardlab.parallel.ilp import arrays_size, solve_arrays
-    from shardlab.parallel.repeats import colours, periodic, quotient
 
     n = len(space.units)
     base = colours(space)
@@ -296,7 +270,6 @@ def solve_by_axis(
     """One mesh axis at a time (recursive bisection of the mesh): first every unit chooses
     where mesh axis 0 goes with the other axes unused, then, with those fixed, axis 1, and
     so on; each step is an exact ILP over a few candidates per unit."""
-    from shardlab.parallel.ilp import solve_arrays
 
     n = len(own)
     fixed: list[dict[int, int]] = [{} for _ in range(n)]

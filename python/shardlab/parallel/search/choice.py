@@ -17,14 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from shardlab.parallel import layouts as L
-from shardlab.parallel.cost import wire_bytes
-from shardlab.parallel.edges import combine_all_reduces
-from shardlab.parallel.memory_model import Liveness, device_memory, held_at_peak, liveness
-from shardlab.parallel.plan import Plan, PlanRow
-from shardlab.parallel.records import Collective, CostBreakdown, DeviceMemoryEstimate
-from shardlab.parallel.rules import RULES
-from shardlab.parallel.space import Space, _is_follower
+from shardlab.parallel.cost import layouts as L
+from shardlab.parallel.cost.combine import combine_all_reduces
+from shardlab.parallel.cost.memory import Liveness, device_memory, held_at_peak, liveness
+from shardlab.parallel.cost.profiles import wire_bytes
+from shardlab.parallel.graph.rules import RULES
+from shardlab.parallel.plan.plan import Plan
+from shardlab.parallel.records import Collective, CostBreakdown, DeviceMemoryEstimate, PlanRow
+from shardlab.parallel.search.space import Space, is_follower
 
 
 def var_layouts(space: Space, choice: list[int]) -> dict[int, L.DimAxes]:
@@ -155,13 +155,6 @@ def cost_of(space: Space, choice: list[int]) -> CostBreakdown:
         for kind, nbytes, group, axes in L.reshard(src_lay, dst_lay, g.nbytes(e.var), sizes):
             add(kind, nbytes, group, axes, node)
     colls = combine_all_reduces(g, colls, emitters)  # as XLA's all-reduce combiner does
-    per_axis: dict[str, float] = {}
-    time_axis: dict[str, float] = {}
-    for c in colls:
-        key = "+".join(c.mesh_axes) or "-"
-        per_axis[key] = per_axis.get(key, 0.0) + c.wire_bytes
-        t = profile.collective_time(c.kind, c.wire_bytes, c.group_size, c.mesh_axes)
-        time_axis[key] = time_axis.get(key, 0.0) + t
     unknown = {
         g.nodes[u.nodes[0]].primitive
         for u in space.units
@@ -173,14 +166,12 @@ def cost_of(space: Space, choice: list[int]) -> CostBreakdown:
         "replicated; their bodies are not searched)"
         for p in sorted(unknown)
     )
-    return CostBreakdown(
-        collectives=tuple(colls),
-        comm_bytes_per_axis=per_axis,
-        comm_time_per_axis=time_axis,
+    return CostBreakdown.from_collectives(
+        colls,
+        profile,
         flops=flops,
         compute_time=compute,
         memory=plan_memory(space, choice),
-        device=profile.name,
         warnings=warnings,
     )
 
@@ -222,7 +213,7 @@ def _constraints(space: Space, choice: list[int], lays: dict[int, L.DimAxes]):
         if u.kind != "node" or u.fixed:
             continue
         node = g.nodes[u.nodes[0]]
-        if _is_follower(node, g) is not None:
+        if is_follower(node, g) is not None:
             continue
         specs = tuple(lays.get(v) if g.shapes[v] else None for v in node.outputs)
         if any(s is not None for s in specs):

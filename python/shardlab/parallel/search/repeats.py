@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardlab.parallel.recursive import Pairs
-from shardlab.parallel.space import Space
+from shardlab.parallel.search.pairs import Pairs
+from shardlab.parallel.search.space import Space
 
 
 def colours(space: Space, rounds: int = 3) -> list[int]:

@@ -17,12 +17,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from shardlab.parallel import layouts as L
-from shardlab.parallel.cost import DeviceProfile, wire_bytes
-from shardlab.parallel.memory_model import Liveness, liveness, traffic
-from shardlab.parallel.opgraph import Node, OpGraph
+from shardlab.parallel.cost import layouts as L
+from shardlab.parallel.cost.memory import Liveness, liveness, traffic
+from shardlab.parallel.cost.profiles import DeviceProfile, wire_bytes
+from shardlab.parallel.graph.opgraph import Node, OpGraph, live_nodes
+from shardlab.parallel.graph.rules import OpRule, rule_for
 from shardlab.parallel.records import Collective
-from shardlab.parallel.rules import OpRule, rule_for
 
 # Linear, size-preserving ops a pending partial sum passes through unreduced.
 PASS_PARTIAL = frozenset(
@@ -57,17 +57,6 @@ class Propagation:
     # reduced, else the consumer needing a resharded input (-1: an output's final layout).
     collective_nodes: list[int] = dataclasses.field(default_factory=list)
     compute_time: float = 0.0
-
-
-def live_nodes(graph: OpGraph) -> list[bool]:
-    """Dead-code elimination: which nodes feed an output (as XLA would keep them)."""
-    needed = set(graph.outputs)
-    live = [False] * len(graph.nodes)
-    for node in reversed(graph.nodes):
-        if any(v in needed for v in node.outputs):
-            live[node.index] = True
-            needed.update(node.inputs)
-    return live
 
 
 class _Propagator:

@@ -8,57 +8,16 @@ names the offending key and lists what would be valid.
 from __future__ import annotations
 
 import difflib
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
-from shardlab.parallel import layouts as L
+from shardlab.parallel.cost import layouts as L
+from shardlab.parallel.errors import SearchError
+from shardlab.parallel.graph.trace import leaf_paths, path_text
 from shardlab.parallel.specs import ShardingSpecError, check_spec
-
-
-class SearchError(ValueError):
-    """The search cannot produce a plan; the message says why and what would be valid."""
-
-
-def _component(key: Any) -> str:
-    if isinstance(key, DictKey):
-        return str(key.key)
-    if isinstance(key, SequenceKey):
-        return str(key.idx)
-    if isinstance(key, GetAttrKey):
-        return key.name
-    if isinstance(key, FlattenedIndexKey):
-        return str(key.key)
-    return str(key)
-
-
-def leaf_paths(fn: Callable[..., Any], args: Sequence[Any]) -> list[tuple[str, ...]]:
-    """Per flat argument leaf, its path as strings; the first component is the parameter
-    name of ``fn`` when known (else the position)."""
-    try:
-        names = [
-            p.name
-            for p in inspect.signature(fn).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-    except (TypeError, ValueError):
-        names = []
-    out = []
-    for path, _ in jax.tree_util.tree_flatten_with_path(tuple(args))[0]:
-        comps = [_component(k) for k in path]
-        pos = int(comps[0])
-        comps[0] = names[pos] if pos < len(names) else comps[0]
-        out.append(tuple(comps))
-    return out
-
-
-def path_text(path: Sequence[str]) -> str:
-    """``"params/w1"``."""
-    return "/".join(path)
 
 
 def _normalise(key: Any, paths: list[tuple[str, ...]]) -> tuple[str, ...]:

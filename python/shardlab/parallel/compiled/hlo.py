@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from shardlab.parallel.cost import wire_bytes
+from shardlab.parallel.cost.profiles import wire_bytes
 from shardlab.parallel.mesh import axes_of_groups
 from shardlab.parallel.records import COLLECTIVE_KINDS, Collective
 

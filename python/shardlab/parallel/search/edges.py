@@ -1,84 +1,22 @@
 """Edges of the strategy space: reshard-cost matrices between units, output ties, and the
-shared latency of independent terminal all-reduces (see ``space.py``)."""
+shared latency of independent terminal all-reduces (see ``space.py``; which all-reduces XLA
+combines is ``cost/combine.py``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
 
 import numpy as np
 
-from shardlab.parallel import layouts as L
-from shardlab.parallel.cost import ring_steps, wire_bytes
-from shardlab.parallel.opgraph import OpGraph
-from shardlab.parallel.records import Collective
-from shardlab.parallel.space import Cand, Edge, Space, Unit, _Builder
-
-HEAVY = frozenset({"dot_general", "conv_general_dilated"})
+from shardlab.parallel.cost import layouts as L
+from shardlab.parallel.cost.combine import terminal_nodes
+from shardlab.parallel.cost.profiles import ring_steps
+from shardlab.parallel.search.candidates import Candidates
+from shardlab.parallel.search.space import Cand, Edge, Space, Unit
 
 
-def terminal_nodes(g: OpGraph, live: list[bool]) -> list[bool]:
-    """Per node: live, and no matmul/convolution downstream (weight gradients, the loss, the
-    optimizer update): the all-reduces such nodes need are mutually independent."""
-    heavy_below = [False] * len(g.nodes)
-    for node in reversed(g.nodes):
-        if not live[node.index]:
-            continue
-        heavy_below[node.index] = any(
-            g.nodes[c].primitive in HEAVY or heavy_below[c]
-            for v in node.outputs
-            for c in g.consumers(v)
-            if live[c]
-        )
-    return [live[i] and not heavy_below[i] for i in range(len(g.nodes))]
-
-
-def all_reduce_groups(
-    g: OpGraph, collectives: Sequence[Collective], nodes: Sequence[int]
-) -> list[tuple[int, tuple[str, ...]] | None]:
-    """Per collective, the group XLA's all-reduce combiner would merge it into (``None``
-    for other kinds): an all-reduce's level is one more than the highest level upstream of
-    the node it reduces, so all-reduces of one level over the same axes are independent."""
-    reducing = {n for c, n in zip(collectives, nodes, strict=True) if c.kind == "all-reduce"}
-    level = [0] * len(g.nodes)
-    for node in g.nodes:
-        lvl = 0
-        for v in node.inputs:
-            p = g.producer(v)
-            if p >= 0:
-                lvl = max(lvl, level[p])
-        level[node.index] = lvl + (node.index in reducing)
-    return [
-        (level[n], c.mesh_axes) if c.kind == "all-reduce" and n >= 0 else None
-        for c, n in zip(collectives, nodes, strict=True)
-    ]
-
-
-def combine_all_reduces(
-    g: OpGraph, collectives: Sequence[Collective], nodes: Sequence[int]
-) -> list[Collective]:
-    """Merge all-reduces that cannot depend on each other, as XLA's all-reduce combiner
-    does (see ``all_reduce_groups``)."""
-    out: list[Collective] = []
-    merged: dict[tuple[int, tuple[str, ...]], Collective] = {}
-    for c, key in zip(collectives, all_reduce_groups(g, collectives, nodes), strict=True):
-        if key is None:
-            out.append(c)
-            continue
-        old = merged.get(key)
-        if old is None:
-            merged[key] = c
-            continue
-        nbytes = old.bytes * old.count + c.bytes * c.count
-        merged[key] = dataclasses.replace(
-            old, bytes=nbytes, count=1, wire_bytes=wire_bytes("all-reduce", nbytes,
-                                                              old.group_size)
-        )  # fmt: skip
-    return out + list(merged.values())
-
-
-def combine_terminal(b: _Builder, units: list[Unit], live: list[bool]) -> None:
+def combine_terminal(b: Candidates, units: list[Unit], live: list[bool]) -> None:
     """All-reduces after the last matmul/conv of every path (weight gradients, the loss) are
     independent of each other, and XLA's all-reduce combiner merges them into one: such
     units pay the latency (alpha) of their all-reduce shared with the others."""
@@ -107,7 +45,9 @@ def combine_terminal(b: _Builder, units: list[Unit], live: list[bool]) -> None:
         u.cands = got
 
 
-def edges_of(b: _Builder, units: list[Unit], unit_of_var: dict[int, tuple[int, int]]) -> list[Edge]:
+def edges_of(
+    b: Candidates, units: list[Unit], unit_of_var: dict[int, tuple[int, int]]
+) -> list[Edge]:
     g = b.g
     edges: list[Edge] = []
     # Candidate lists are shared between units of the same signature (repeated layers), so
@@ -149,7 +89,7 @@ def edges_of(b: _Builder, units: list[Unit], unit_of_var: dict[int, tuple[int, i
     return edges
 
 
-def tie_outputs(b: _Builder, space: Space) -> None:
+def tie_outputs(b: Candidates, space: Space) -> None:
     """Outputs tied to an input end in that input's layout: an edge producer -> input unit."""
     g = space.graph
     for out_pos, in_pos in space.ties.items():

@@ -23,9 +23,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from shardlab.parallel.opgraph import Node, OpGraph
+from shardlab.parallel.graph.opgraph import Node, OpGraph
+from shardlab.parallel.graph.rules import ELEMENTWISE, FREE
 from shardlab.parallel.records import DeviceMemoryEstimate
-from shardlab.parallel.rules import ELEMENTWISE, FREE
 
 SHAPE_ONLY = frozenset(
     "broadcast_in_dim reshape squeeze expand_dims iota transpose rev select_n copy copy_p "

@@ -1,37 +1,18 @@
-"""Loading plans: validated ``Plan.from_json`` and re-binding a plan to a function.
+"""Reading plans: the fields of a ``Plan`` from its JSON form, validated.
 
 Nothing here unpickles or evaluates anything: the JSON is checked field by field (format,
-mesh axes and sizes, spec ranks, axes used once, divisibility) before a ``Plan`` is built.
+mesh axes and sizes, spec ranks, axes used once, divisibility) before ``Plan.from_json``
+builds a plan from the fields.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-from collections.abc import Callable
 from typing import Any
 
-import jax
-import numpy as np
-from jax.sharding import Mesh
-
-from shardlab.parallel import layouts as L
-from shardlab.parallel.annotations import SearchError, leaf_paths, path_text
-from shardlab.parallel.mesh import mesh_shape_of
-from shardlab.parallel.opgraph import OpGraph, build_from_jaxpr
-from shardlab.parallel.records import Collective, CostBreakdown, DeviceMemoryEstimate
-
-
-def fingerprint(graph: OpGraph) -> str:
-    """A digest of the graph's primitives and shapes, to tell a plan's function apart."""
-    h = hashlib.sha1()
-    for n in graph.nodes:
-        h.update(n.primitive.encode())
-        for v in n.outputs:
-            h.update(str(graph.shapes[v]).encode())
-    for v in graph.inputs:
-        h.update(str(graph.shapes[v]).encode())
-    return h.hexdigest()[:16]
+from shardlab.parallel.cost import layouts as L
+from shardlab.parallel.errors import SearchError
+from shardlab.parallel.records import Collective, CostBreakdown, DeviceMemoryEstimate, PlanRow
 
 
 def _layout(raw: Any, shape: tuple[int, ...], sizes: dict[str, int], where: str) -> L.DimAxes:
@@ -81,10 +62,11 @@ def _cost(raw: dict[str, Any]) -> CostBreakdown:
         raise SearchError(f"not a plan: malformed cost ({e})") from e
 
 
-def plan_from_dict(data: Any) -> Any:
-    """A validated, unbound ``Plan`` from ``Plan.to_dict()`` output."""
-    from shardlab.parallel.plan import FORMAT, Plan, PlanRow
+FORMAT = "shardlab.plan/1"
 
+
+def plan_fields(data: Any) -> dict[str, Any]:
+    """The validated fields of an unbound ``Plan`` from ``Plan.to_dict()`` output."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise SearchError(f"not a plan: expected a JSON object with format {FORMAT!r}")
     try:
@@ -127,7 +109,7 @@ def plan_from_dict(data: Any) -> Any:
             for r in data.get("rows", ())
         )  # fmt: skip
         budget = data.get("memory_budget")
-        return Plan(
+        return dict(
             method=str(data["method"]),
             mesh_shape=sizes,
             input_paths=paths,
@@ -152,58 +134,3 @@ def plan_from_dict(data: Any) -> Any:
         raise SearchError(
             f"not a plan: missing or malformed field ({type(e).__name__}: {e})"
         ) from e
-
-
-def binding_for(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    mesh: Mesh,
-    closed: Any = None,
-    graph: OpGraph | None = None,
-):
-    """Trace ``fn`` (unless ``closed`` = ``(jaxpr, out_shape)`` is given; ``graph``: its
-    already-built ``OpGraph``) and bundle what running a plan needs."""
-    from shardlab.parallel.plan import _Binding
-
-    if closed is None:
-        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
-    else:
-        closed, out_shape = closed
-    if graph is None:
-        graph = build_from_jaxpr(closed, unroll_scans=True)  # as search() builds it
-    abstract = jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(np.shape(x), getattr(x, "dtype", np.float32)), args
-    )
-    return _Binding(
-        fn=fn,
-        args=abstract,
-        mesh=mesh,
-        graph=graph,
-        in_tree=jax.tree_util.tree_structure(tuple(args)),
-        out_tree=jax.tree_util.tree_structure(out_shape),
-    )
-
-
-def bind_plan(plan: Any, fn: Callable[..., Any], args: tuple[Any, ...], mesh: Mesh) -> Any:
-    """``plan`` bound to ``fn``/``args``/``mesh``, after checking they are the plan's."""
-    import dataclasses
-
-    sizes = mesh_shape_of(mesh)
-    if sizes != plan.mesh_shape:
-        raise SearchError(f"the plan is for mesh {plan.mesh_shape}, got mesh {sizes}")
-    b = binding_for(fn, args, mesh)
-    shapes = tuple(tuple(b.graph.shapes[v]) for v in b.graph.inputs)
-    if shapes != plan.input_shapes:
-        paths = [path_text(p) for p in leaf_paths(fn, args)]
-        bad = next(
-            (f"{p}: plan {a}, given {s}" for p, a, s in zip(paths, plan.input_shapes, shapes,
-                                                            strict=False) if a != s),
-            f"{len(plan.input_shapes)} leaves in the plan, {len(shapes)} given",
-        )  # fmt: skip
-        raise SearchError(f"the arguments do not match the plan: {bad}")
-    if plan.fingerprint and fingerprint(b.graph) != plan.fingerprint:
-        raise SearchError(
-            "the function traces to a different graph than the plan was made for "
-            "(fingerprints differ); run shardlab.search again"
-        )
-    return dataclasses.replace(plan, binding=b)

@@ -20,9 +20,9 @@ reduce-scatter, all-to-all), 2(n-1) (all-reduce), 1 (collective-permute).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from shardlab.parallel.records import _Record
+from shardlab.parallel.records import Collective, _Record
 
 
 def wire_bytes(kind: str, result_bytes: float, group_size: int) -> float:
@@ -99,6 +99,11 @@ class DeviceProfile(_Record):
     def collective_time(self, kind: str, wire: float, group_size: int, axes: tuple[str, ...]):
         """Alpha-beta seconds for one collective."""
         return self.link_latency * ring_steps(kind, group_size) + wire / self.bandwidth(axes, kind)
+
+    def time_of(self, collective: Collective) -> float:
+        """Alpha-beta seconds of a collective record, times how often it runs (``count``)."""
+        c = collective
+        return c.count * self.collective_time(c.kind, c.wire_bytes, c.group_size, c.mesh_axes)
 
     def replace(self, **changes: object) -> DeviceProfile:
         """A copy with some fields changed, e.g. ``profile.replace(link_bandwidth=50e9)``."""
@@ -197,3 +202,11 @@ def resolve_profile(device: str | DeviceProfile | None) -> DeviceProfile:
             "(or pass a DeviceProfile)"
         )
     return DEVICE_PROFILES[device]
+
+
+def comm_time(
+    collectives: Sequence[Collective], device: str | DeviceProfile | None = None
+) -> float:
+    """Alpha-beta seconds of collectives (predicted or compiled) under a device profile."""
+    profile = resolve_profile(device)
+    return sum(profile.time_of(c) for c in collectives)

@@ -17,64 +17,33 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from shardlab.parallel import layouts as L
-from shardlab.parallel.annotations import SearchError, leaf_paths, path_text, resolve_annotations
-from shardlab.parallel.cost import DeviceProfile, resolve_profile
-from shardlab.parallel.ilp import ilp_size, solve_ilp
-from shardlab.parallel.memory_model import peak_points
+from shardlab.parallel.cost import layouts as L
+from shardlab.parallel.cost.memory import peak_points
+from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile
+from shardlab.parallel.cost.propagate import propagate
+from shardlab.parallel.errors import SearchError
+from shardlab.parallel.graph.trace import Traced, trace
 from shardlab.parallel.mesh import mesh_shape_of
-from shardlab.parallel.opgraph import build_from_jaxpr
-from shardlab.parallel.plan import Plan
-from shardlab.parallel.plan_io import binding_for, fingerprint
-from shardlab.parallel.planning import (
+from shardlab.parallel.plan.binding import Binding
+from shardlab.parallel.plan.plan import Plan
+from shardlab.parallel.search.annotations import resolve_annotations
+from shardlab.parallel.search.baselines import baselines
+from shardlab.parallel.search.build import build_space
+from shardlab.parallel.search.choice import (
     choice_from_layouts,
     make_plan,
     memory_of,
     peak_buffers,
     space_liveness,
 )
-from shardlab.parallel.recursive import solve_recursive
-from shardlab.parallel.scan_ties import tie_scan_choices
-from shardlab.parallel.space import Space, build_space
+from shardlab.parallel.search.ilp import ilp_size, solve_ilp
+from shardlab.parallel.search.recursive import solve_recursive
+from shardlab.parallel.search.scan_ties import tie_scan_choices
+from shardlab.parallel.search.space import Space
 
 METHODS = ("auto", "propagate", "recursive", "ilp")
 ILP_MAX_VARIABLES = 20_000
 VERIFY_MAX_EQUATIONS = 3_000
-
-
-def find_ties(args: tuple[Any, ...], out_shape: Any) -> dict[int, int]:
-    """``{flat output position: flat input position}`` for outputs that are updated inputs.
-
-    An output subtree (the output itself or a top-level element of an output tuple) with the
-    same structure, shapes and dtypes as an argument is taken to be its new value (updated
-    parameters, optimizer state), so it keeps the argument's layout across steps.
-    """
-
-    def spans(tree: Any, children: list[Any]) -> list[tuple[Any, int, int]]:
-        out, start = [], 0
-        for c in children:
-            n = len(jax.tree_util.tree_leaves(c))
-            out.append((c, start, n))
-            start += n
-        return out
-
-    def sig(x: Any) -> Any:
-        leaves, tree = jax.tree_util.tree_flatten(x)
-        return tree, tuple((tuple(np.shape(v)), str(getattr(v, "dtype", ""))) for v in leaves)
-
-    arg_spans = spans(args, list(args))
-    outs = list(out_shape) if isinstance(out_shape, (tuple, list)) else [out_shape]
-    ties: dict[int, int] = {}
-    taken: set[int] = set()
-    for o, o_start, n in spans(out_shape, outs):
-        if n == 0:
-            continue
-        for k, (a, a_start, m) in enumerate(arg_spans):
-            if k not in taken and m == n and sig(a) == sig(o):
-                taken.add(k)
-                ties.update({o_start + i: a_start + i for i in range(n)})
-                break
-    return ties
 
 
 class _Best:
@@ -243,16 +212,9 @@ def search(
     profile = resolve_profile(device)
     sizes = mesh_shape_of(mesh)
     report(0.0, "tracing")
-    try:
-        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
-    except Exception as e:  # any tracing failure is the user's function's
-        raise SearchError(
-            f"{getattr(fn, '__name__', fn)!r} does not trace with the given arguments: "
-            f"{type(e).__name__}: {e}"
-        ) from e
+    traced = trace(fn, *args)
     fixed = resolve_annotations(annotations, fn, args, mesh)
-    graph = build_from_jaxpr(closed, unroll_scans=True)
-    ties = find_ties(tuple(args), out_shape)
+    graph, ties = traced.graph, traced.ties
     n_batch = len(jax.tree_util.tree_leaves(args[-1])) if len(args) > 1 else 0
     report(0.1, f"{len(graph.nodes)} equations traced")
     space = build_space(graph, sizes, profile, fixed_inputs=fixed, ties=ties)
@@ -263,8 +225,7 @@ def search(
         size = ilp_size(space)
         used = "ilp" if size <= ILP_MAX_VARIABLES else "recursive"
         notes.append(f"auto chose {used} (ILP size {size} variables, limit {ILP_MAX_VARIABLES})")
-    traced = (closed, out_shape, graph)
-    binding = binding_for(fn, tuple(args), mesh, (closed, out_shape), graph)
+    problem = _Problem(traced, mesh, profile)
     if verify_budget is None:
         verify_budget = len(graph.nodes) <= VERIFY_MAX_EQUATIONS
     target = None if memory_budget is None else float(memory_budget)
@@ -276,7 +237,7 @@ def search(
             if target is not None:
                 solve = _budget_solver(
                     space, target, notes, n_batch,
-                    lambda: _baseline_seeds(fn, tuple(args), mesh, profile, traced, space),
+                    lambda: _baseline_seeds(problem, space),
                 )  # fmt: skip
                 choice, optimal = solve(used, best, time_limit, report)
             else:
@@ -290,20 +251,25 @@ def search(
             if attempt == 0:
                 raise
             why = f"{notes[-1]}; with the model's budget tightened to {target:.0f} B: {e}"
-            plan = _compiled_baseline(fn, tuple(args), mesh, profile, traced, budget_bytes,
-                                      used, notes, why)  # fmt: skip
+            plan = _compiled_baseline(problem, budget_bytes, used, notes, why)
             break
         choice = tie_scan_choices(space, choice)  # one choice per scan-body equation
         report(0.95, "building the plan")
         plan = make_plan(
-            space, choice, binding,
+            space,
+            choice,
+            Binding(traced, mesh),
             method=used if method != "auto" else f"auto:{used}",
-            paths=[path_text(p) for p in leaf_paths(fn, args)],
-            optimal=optimal, complete=complete, notes=list(notes), memory_budget=memory_budget,
-            fingerprint=fingerprint(graph), start=start,
-        )  # fmt: skip
+            paths=list(traced.paths),
+            optimal=optimal,
+            complete=complete,
+            notes=list(notes),
+            memory_budget=memory_budget,
+            fingerprint=traced.fingerprint,
+            start=start,
+        )
         if method == "auto" and complete and not annotations:
-            plan = _portfolio(plan, fn, tuple(args), mesh, profile, traced, target)
+            plan = _portfolio(plan, problem, target)
         if memory_budget is None or not verify_budget or not complete:
             break
         report(0.97, "compiling to check the memory budget")
@@ -320,14 +286,37 @@ def search(
         )
     else:
         why = f"{notes[-1]} after 3 tightened searches"
-        plan = _compiled_baseline(fn, tuple(args), mesh, profile, traced, budget_bytes, used,
-                                  notes, why)  # fmt: skip
+        plan = _compiled_baseline(problem, budget_bytes, used, notes, why)
     report(1.0, "done")
     return dataclasses.replace(plan, search_time=time.perf_counter() - start)
 
 
-def _compiled_baseline(fn, args, mesh, profile, traced, budget: float, used: str,
-                       notes: list[str], why: str) -> Plan:  # fmt: skip
+@dataclasses.dataclass(frozen=True)
+class _Problem:
+    """What the search works on: the traced function, the mesh and the device profile."""
+
+    traced: Traced
+    mesh: Mesh
+    profile: DeviceProfile
+
+    def baselines(self) -> dict[str, Plan]:
+        """The standard baselines on the same trace; ``{}`` for an argument structure they
+        do not fit."""
+        try:
+            return baselines(
+                self.traced.fn,
+                *self.traced.args,
+                mesh=self.mesh,
+                device=self.profile,
+                traced=self.traced,
+            )
+        except SearchError:  # unusual argument structure: no baselines
+            return {}
+
+
+def _compiled_baseline(
+    problem: _Problem, budget: float, used: str, notes: list[str], why: str
+) -> Plan:
     """The fastest (predicted) baseline whose compiled memory fits ``budget``, when the
     searched plans' compiled memory does not (the model under-predicted XLA's buffers).
 
@@ -335,12 +324,7 @@ def _compiled_baseline(fn, args, mesh, profile, traced, budget: float, used: str
         SearchError: no baseline compiles within the budget either (``why``: what the
             search tried).
     """
-    from shardlab.parallel.strategies import baselines
-
-    try:
-        options = baselines(fn, *args, mesh=mesh, device=profile, traced=traced)
-    except SearchError:  # unusual argument structure: no baselines to fall back on
-        options = {}
+    options = problem.baselines()
     for name, p in sorted(options.items(), key=lambda item: item[1].cost.time):
         compiled = p.verify().memory.total
         if compiled <= budget:
@@ -354,16 +338,11 @@ def _compiled_baseline(fn, args, mesh, profile, traced, budget: float, used: str
     )
 
 
-def _portfolio(plan: Plan, fn, args, mesh, profile, traced, budget) -> Plan:
+def _portfolio(plan: Plan, problem: _Problem, budget: float | None) -> Plan:
     """``auto`` also costs the standard baselines (argument layouts only, the rest
     propagated as the partitioner would) and keeps the cheapest prediction: the search's
     model reduces partial sums where they arise, propagation may defer them."""
-    from shardlab.parallel.strategies import baselines
-
-    try:
-        options = baselines(fn, *args, mesh=mesh, device=profile, traced=traced)
-    except SearchError:  # unusual argument structure: the search's plan stands
-        return plan
+    options = problem.baselines()
     fits = {
         name: p for name, p in options.items()
         if budget is None or p.cost.memory.peak <= budget
@@ -382,22 +361,18 @@ def _portfolio(plan: Plan, fn, args, mesh, profile, traced, budget) -> Plan:
                                notes=(*plan.notes, note), optimal=None)  # fmt: skip
 
 
-def _baseline_seeds(fn, args, mesh, profile, traced, space: Space):
+def _baseline_seeds(problem: _Problem, space: Space):
     """``(name, choice)`` of the standard baselines mapped into the space (start points
     and fallbacks for a memory budget)."""
-    from shardlab.parallel.propagate import propagate
-    from shardlab.parallel.strategies import baselines
-
-    try:
-        plans = baselines(fn, *args, mesh=mesh, device=profile, traced=traced)
-    except SearchError:  # unusual argument structure: no seeds
-        return []
     g = space.graph
+    plans = problem.baselines()
     out = []
     for name, plan in plans.items():
         outs = [plan.input_specs[space.ties[p]] if p in space.ties else None
                 for p in range(len(g.outputs))]  # fmt: skip
-        prop = propagate(g, list(plan.input_specs), space.sizes, profile, output_layouts=outs)
+        prop = propagate(
+            g, list(plan.input_specs), space.sizes, problem.profile, output_layouts=outs
+        )
         out.append((name, choice_from_layouts(space, prop.layouts)))
     return out
 

@@ -30,7 +30,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from shardlab.parallel.predict import propagate_strategy
+from shardlab.parallel.cost.predict import prepare_strategy
 from shardlab.parallel.records import COLLECTIVE_KINDS, _Record
 
 MAX_EVENTS = 4000  # compute events are merged into segments beyond this
@@ -78,10 +78,10 @@ def schedule(
     device: Any = None,
 ) -> Timeline:
     """The cost model's schedule of one step of ``fn`` under a fully specified strategy."""
-    prepared = propagate_strategy(
+    prepared = prepare_strategy(
         fn, *args, mesh=mesh, in_shardings=in_shardings, constraints=constraints, device=device
     )
-    graph, prop, profile = prepared.graph, prepared.prop, prepared.profile
+    graph, prop, profile = prepared.graph, prepared.propagate(), prepared.profile
     end_of: dict[int, float] = {}  # node index -> compute end
     state = {"compute": 0.0, "comm": 0.0, "compute_total": 0.0, "comm_total": 0.0, "exposed": 0.0}
     events: list[Event] = []
@@ -97,9 +97,7 @@ def schedule(
         done = []
         for data_ready, position in sorted(queue):
             collective = prop.collectives[position]
-            seconds = collective.count * profile.collective_time(
-                collective.kind, collective.wire_bytes, collective.group_size, collective.mesh_axes
-            )
+            seconds = profile.time_of(collective)
             start = max(state["comm"], data_ready)
             state["comm"] = start + seconds
             state["comm_total"] += seconds

@@ -8,19 +8,20 @@ costed with the alpha-beta model (``cost.py``) in the same units as ``Report``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from shardlab.parallel import layouts as L
-from shardlab.parallel.cost import DeviceProfile, resolve_profile
-from shardlab.parallel.edges import combine_all_reduces
-from shardlab.parallel.memory_model import device_memory
+from shardlab.parallel.cost import layouts as L
+from shardlab.parallel.cost.combine import combine_all_reduces
+from shardlab.parallel.cost.memory import device_memory
+from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile
+from shardlab.parallel.cost.propagate import Propagation, propagate
+from shardlab.parallel.graph.opgraph import Node, OpGraph
+from shardlab.parallel.graph.trace import Traced, trace
 from shardlab.parallel.mesh import mesh_shape_of
-from shardlab.parallel.opgraph import Node, OpGraph, build
-from shardlab.parallel.propagate import Propagation, propagate
 from shardlab.parallel.records import CostBreakdown
 from shardlab.parallel.specs import check_spec, resolve_shardings
 
@@ -66,18 +67,63 @@ def memory_estimate(graph: OpGraph, prop: Propagation, sizes: Mapping[str, int])
     return device_memory(graph, prop.live, local, transient=lambda i: reduced.get(i, 0))
 
 
+def layout_cost(
+    graph: OpGraph,
+    ins: Sequence[L.DimAxes],
+    sizes: Mapping[str, int],
+    profile: DeviceProfile,
+    *,
+    constraints: Mapping[int, L.DimAxes] | None = None,
+    output_layouts: Sequence[L.DimAxes | None] | None = None,
+) -> tuple[CostBreakdown, Propagation]:
+    """The cost model's account of a strategy given as layouts (what ``predict``, the
+    baselines and hand-specified plans share): propagate through the graph, combine
+    independent all-reduces as XLA's combiner does (the bytes add up, the latency is paid
+    once), and assemble the breakdown with per-device memory."""
+    prop = propagate(
+        graph,
+        list(ins),
+        sizes,
+        profile,
+        constraints=constraints,
+        output_layouts=None if output_layouts is None else list(output_layouts),
+    )
+    collectives = combine_all_reduces(graph, prop.collectives, prop.collective_nodes)
+    cost = CostBreakdown.from_collectives(
+        collectives,
+        profile,
+        flops=prop.flops,
+        compute_time=prop.compute_time,
+        memory=memory_estimate(graph, prop, sizes),
+        warnings=tuple(dict.fromkeys(prop.warnings)),
+    )
+    return cost, prop
+
+
 @dataclasses.dataclass(frozen=True)
 class Prepared:
-    """A strategy propagated through a function's graph (what predict and schedule share)."""
+    """A strategy resolved against a function's graph (what predict and schedule share)."""
 
     profile: DeviceProfile
     graph: OpGraph
-    prop: Propagation
     sizes: dict[str, int]
     resolved: list[Any]
+    ins: list[L.DimAxes]
+    outs: list[L.DimAxes | None] | None
+    constraints: dict[int, L.DimAxes]
+
+    def propagate(self) -> Propagation:
+        return propagate(
+            self.graph,
+            self.ins,
+            self.sizes,
+            self.profile,
+            constraints=self.constraints,
+            output_layouts=self.outs,
+        )
 
 
-def propagate_strategy(
+def prepare_strategy(
     fn: Callable[..., Any],
     *args: Any,
     mesh: Mesh,
@@ -86,27 +132,23 @@ def propagate_strategy(
     out_shardings: Any = None,
     device: str | DeviceProfile | None = None,
     graph: OpGraph | None = None,
+    traced: Traced | None = None,
 ) -> Prepared:
-    """Validates the specs, traces ``fn`` (unless ``graph`` is given) and propagates."""
+    """Validates the specs and traces ``fn`` (unless ``graph`` or ``traced`` is given)."""
     profile = resolve_profile(device)
     sizes = mesh_shape_of(mesh)
     resolved = resolve_shardings(in_shardings, args, mesh, what="in_shardings")
-    graph = graph if graph is not None else build(fn, *args)
+    if graph is None:
+        traced = traced if traced is not None else trace(fn, *args, unroll_scans=False)
+        graph = traced.graph
     ins = [L.from_spec(s, len(shape)) for _, shape, s in resolved]
     outs = None
     if out_shardings is not None:
-        out_shape = jax.eval_shape(fn, *args)
+        out_shape = traced.out_shape if traced is not None else jax.eval_shape(fn, *args)
         res = resolve_shardings((out_shardings,), (out_shape,), mesh, what="out_shardings")
         outs = [None if s is None else L.from_spec(s, len(shape)) for _, shape, s in res]
-    prop = propagate(
-        graph,
-        ins,
-        sizes,
-        profile,
-        constraints=_constraint_layouts(graph, constraints, mesh),
-        output_layouts=outs,
-    )
-    return Prepared(profile, graph, prop, dict(sizes), list(resolved))
+    layouts = _constraint_layouts(graph, constraints, mesh)
+    return Prepared(profile, graph, dict(sizes), list(resolved), ins, outs, layouts)
 
 
 def predict(
@@ -118,6 +160,7 @@ def predict(
     out_shardings: Any = None,
     device: str | DeviceProfile | None = None,
     graph: OpGraph | None = None,
+    traced: Traced | None = None,
 ) -> CostBreakdown:
     """Cost of a fully specified strategy, without compiling.
 
@@ -133,6 +176,7 @@ def predict(
         out_shardings: optional pytree (prefix) of specs for the outputs.
         device: a ``DeviceProfile`` or a name in ``DEVICE_PROFILES`` (default: by backend).
         graph: a prebuilt ``OpGraph`` of ``fn`` (saves tracing again).
+        traced: ``fn`` already traced (``graph.trace.trace``); its graph is used.
 
     Returns:
         A ``CostBreakdown``: collectives and wire bytes per kind and per mesh axis,
@@ -141,32 +185,21 @@ def predict(
     Raises:
         ShardingSpecError: a spec does not fit its argument or the mesh.
     """
-    prepared = propagate_strategy(
-        fn, *args, mesh=mesh, in_shardings=in_shardings, constraints=constraints,
-        out_shardings=out_shardings, device=device, graph=graph,
-    )  # fmt: skip
-    profile, graph, prop, sizes = prepared.profile, prepared.graph, prepared.prop, prepared.sizes
-    resolved = prepared.resolved
-    # XLA combines independent all-reduces into one (the bytes add up; the latency is paid
-    # once): so does the prediction, as the search's costing does.
-    collectives = combine_all_reduces(graph, prop.collectives, prop.collective_nodes)
-    per_axis: dict[str, float] = {}
-    time_axis: dict[str, float] = {}
-    for c in collectives:
-        key = "+".join(c.mesh_axes) or "-"
-        per_axis[key] = per_axis.get(key, 0.0) + c.wire_bytes * c.count
-        t = profile.collective_time(c.kind, c.wire_bytes, c.group_size, c.mesh_axes)
-        time_axis[key] = time_axis.get(key, 0.0) + t * c.count
-    warnings = list(dict.fromkeys(prop.warnings))
-    if any(s is None for _, _, s in resolved):
-        warnings.append("some in_shardings leaves are None: predicted as replicated")
-    return CostBreakdown(
-        collectives=tuple(collectives),
-        comm_bytes_per_axis=per_axis,
-        comm_time_per_axis=time_axis,
-        flops=prop.flops,
-        compute_time=prop.compute_time,
-        memory=memory_estimate(graph, prop, sizes),
-        device=profile.name,
-        warnings=tuple(warnings),
+    p = prepare_strategy(
+        fn,
+        *args,
+        mesh=mesh,
+        in_shardings=in_shardings,
+        constraints=constraints,
+        out_shardings=out_shardings,
+        device=device,
+        graph=graph,
+        traced=traced,
     )
+    cost, _ = layout_cost(
+        p.graph, p.ins, p.sizes, p.profile, constraints=p.constraints, output_layouts=p.outs
+    )
+    if any(s is None for _, _, s in p.resolved):
+        warning = "some in_shardings leaves are None: predicted as replicated"
+        cost = dataclasses.replace(cost, warnings=(*cost.warnings, warning))
+    return cost

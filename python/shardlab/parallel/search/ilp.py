@@ -18,8 +18,8 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from shardlab.parallel.recursive import Pairs, own_costs, pair_matrices
-from shardlab.parallel.space import Space
+from shardlab.parallel.search.pairs import Pairs, own_costs, pair_matrices
+from shardlab.parallel.search.space import Space
 
 SCALE = 1e6  # seconds -> microseconds: keeps HiGHS's absolute tolerances meaningful
 

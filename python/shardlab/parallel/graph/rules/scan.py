@@ -1,4 +1,4 @@
-"""Sharding rules of the synthetic nodes of an unrolled ``scan`` (``opgraph.py``).
+"""Sharding rules of the synthetic nodes of an unrolled ``scan`` (``graph/opgraph.py``).
 
 ``scan_slice`` takes slice i of a stacked operand: the result's dimension d is the operand's
 dimension d + 1, and the stacked (leading) dimension must stay whole, as ``lax.scan`` slices
@@ -6,17 +6,17 @@ it. ``scan_stack`` writes an iteration's output (its last operand) into slice i 
 stacked buffer (its first operand, from the previous iteration; absent in the first): the
 output's dimension d is the result's dimension d + 1, the buffer's dimensions are the
 result's, and the stacked dimension stays whole. Neither moves data when the layouts agree
-(no flops). Imported by ``rules.py``, which registers them.
+(no flops).
 """
 
 from __future__ import annotations
 
-from shardlab.parallel.opgraph import Node, OpGraph
-from shardlab.parallel.rules import RULES, OpRule, _Factors
+from shardlab.parallel.graph.opgraph import Node, OpGraph
+from shardlab.parallel.graph.rules.base import Factors, OpRule, RuleFn
 
 
 def _scan_slice(node: Node, g: OpGraph) -> OpRule:
-    f = _Factors()
+    f = Factors()
     stacked = f.new(g.shapes[node.inputs[0]][0])
     dims = tuple(f.new(s) for s in g.shapes[node.outputs[0]])
     return OpRule(((stacked, *dims),), (dims,), tuple(f.sizes), replicated=frozenset(stacked))
@@ -24,7 +24,7 @@ def _scan_slice(node: Node, g: OpGraph) -> OpRule:
 
 def _scan_stack(node: Node, g: OpGraph) -> OpRule:
     shape = g.shapes[node.outputs[0]]
-    f = _Factors()
+    f = Factors()
     stacked = f.new(shape[0])
     dims = tuple(f.new(s) for s in shape[1:])
     buffer = ((stacked, *dims),) if len(node.inputs) == 2 else ()
@@ -32,4 +32,4 @@ def _scan_stack(node: Node, g: OpGraph) -> OpRule:
                   replicated=frozenset(stacked))  # fmt: skip
 
 
-RULES.update({"scan_slice": _scan_slice, "scan_stack": _scan_stack})
+RULES: dict[str, RuleFn] = {"scan_slice": _scan_slice, "scan_stack": _scan_stack}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shardlab.parallel.space import Cand, Space
+from shardlab.parallel.search.space import Cand, Space
 
 
 def _same_candidates(space: Space, a: int, b: int) -> bool:

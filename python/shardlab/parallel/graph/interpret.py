@@ -21,7 +21,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from shardlab.parallel.opgraph import OpGraph, ScanGroup
+from shardlab.parallel.graph.opgraph import OpGraph, ScanGroup
 
 try:  # keeps metadata={source_file, source_line} on the re-bound equations; private
     from jax._src import source_info_util as _siu

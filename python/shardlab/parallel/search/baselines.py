@@ -2,7 +2,7 @@
 
 A baseline fixes only the argument (and updated-argument) layouts, as a person writing
 ``jax.jit(step, in_shardings=...)`` would; the partitioner propagates the rest. Its predicted
-cost comes from ``propagate`` (the same model ``shardlab.predict`` uses).
+cost comes from ``plan.fixed.fixed_plan`` (the same model ``shardlab.predict`` uses).
 
 Conventions (override with the keyword arguments): the *last* positional argument is the
 batch (its leaves are split on their leading dimension), the first is the parameters, and
@@ -16,44 +16,29 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 from jax.sharding import Mesh
 
-from shardlab.parallel import layouts as L
-from shardlab.parallel.annotations import SearchError, leaf_paths, path_text
-from shardlab.parallel.cost import DeviceProfile, resolve_profile
-from shardlab.parallel.edges import combine_all_reduces
+from shardlab.parallel.cost import layouts as L
+from shardlab.parallel.cost.profiles import DeviceProfile
+from shardlab.parallel.errors import SearchError
+from shardlab.parallel.graph.opgraph import OpGraph
+from shardlab.parallel.graph.trace import Traced, trace
 from shardlab.parallel.mesh import mesh_shape_of
-from shardlab.parallel.opgraph import OpGraph, build_from_jaxpr
-from shardlab.parallel.plan import Plan
-from shardlab.parallel.plan_io import binding_for, fingerprint
-from shardlab.parallel.predict import memory_estimate
-from shardlab.parallel.propagate import propagate
-from shardlab.parallel.records import CostBreakdown
+from shardlab.parallel.plan.fixed import fixed_plan
+from shardlab.parallel.plan.plan import Plan
 
 
-class _Traced:
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], mesh: Mesh,
-                 traced: tuple[Any, Any, OpGraph] | None = None):  # fmt: skip
-        from shardlab.parallel.search import find_ties
+class _On:
+    """A traced function on a mesh: what building a baseline reads."""
 
-        if traced is not None:
-            self.closed, self.out_shape, self.graph = traced
-        else:
-            try:
-                self.closed, self.out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
-            except Exception as e:  # the user's function
-                raise SearchError(f"{getattr(fn, '__name__', fn)!r} does not trace: {e}") from e
-            self.graph = build_from_jaxpr(self.closed, unroll_scans=True)  # as search()
-        self.fn, self.args, self.mesh = fn, args, mesh
+    def __init__(self, traced: Traced, mesh: Mesh):
+        self.traced, self.mesh = traced, mesh
+        self.graph, self.args = traced.graph, traced.args
+        self.ties, self.arg_of_leaf = traced.ties, traced.arg_of_leaf
         self.sizes = mesh_shape_of(mesh)
-        self.ties = find_ties(args, self.out_shape)
-        counts = [len(jax.tree_util.tree_leaves(a)) for a in args]
-        self.arg_of_leaf = [i for i, n in enumerate(counts) for _ in range(n)]
-        self.paths = [path_text(p) for p in leaf_paths(fn, args)]
 
     def shapes(self) -> list[tuple[int, ...]]:
-        return [self.graph.shapes[v] for v in self.graph.inputs]
+        return self.traced.input_shapes()
 
 
 def _split(shape: tuple[int, ...], dim: int, axes: Sequence[str], sizes: dict[str, int]):
@@ -70,7 +55,7 @@ def _with(lay: L.DimAxes, dim: int, axes: tuple[str, ...]) -> L.DimAxes:
     return tuple((*ax, *add) if d == dim else ax for d, ax in enumerate(lay))
 
 
-def _batch_layouts(t: _Traced, layouts: list[L.DimAxes], axes: Sequence[str], batch: set[int]):
+def _batch_layouts(t: _On, layouts: list[L.DimAxes], axes: Sequence[str], batch: set[int]):
     for i, shape in enumerate(t.shapes()):
         if t.arg_of_leaf[i] in batch and shape:
             got = _split(shape, 0, axes, t.sizes)
@@ -78,7 +63,7 @@ def _batch_layouts(t: _Traced, layouts: list[L.DimAxes], axes: Sequence[str], ba
                 layouts[i] = _with(layouts[i], 0, got)
 
 
-def megatron_specs(t: _Traced, axis: str, params: set[int]) -> dict[int, L.DimAxes]:
+def megatron_specs(t: _On, axis: str, params: set[int]) -> dict[int, L.DimAxes]:
     """Tensor-parallel layouts for weights found in the graph: a weight whose matmul output
     reaches another weight's first matmul is split on its output features (column), the
     other on its input features (row), alternating as in Megatron-LM."""
@@ -145,61 +130,7 @@ def _reached_weights(g: OpGraph, start: int, dot_of: dict[int, int], own: int) -
     return found
 
 
-def _cost(t: _Traced, ins: list[L.DimAxes], outs: list[L.DimAxes | None], profile):
-    prop = propagate(t.graph, ins, t.sizes, profile, output_layouts=outs)
-    collectives = combine_all_reduces(t.graph, prop.collectives, prop.collective_nodes)
-    per_axis: dict[str, float] = {}
-    time_axis: dict[str, float] = {}
-    for c in collectives:
-        key = "+".join(c.mesh_axes) or "-"
-        per_axis[key] = per_axis.get(key, 0.0) + c.wire_bytes * c.count
-        time_axis[key] = time_axis.get(key, 0.0) + c.count * profile.collective_time(
-            c.kind, c.wire_bytes, c.group_size, c.mesh_axes
-        )
-    cost = CostBreakdown(
-        collectives=tuple(collectives),
-        comm_bytes_per_axis=per_axis,
-        comm_time_per_axis=time_axis,
-        flops=prop.flops,
-        compute_time=prop.compute_time,
-        memory=memory_estimate(t.graph, prop, t.sizes),
-        device=profile.name,
-        warnings=tuple(dict.fromkeys(prop.warnings)),
-    )
-    return cost, prop
-
-
-def _plan(t: _Traced, name: str, ins: list[L.DimAxes], device: Any, start: float) -> Plan:
-    profile = resolve_profile(device)
-    g = t.graph
-    outs: list[L.DimAxes | None] = [None] * len(g.outputs)
-    for o, i in t.ties.items():
-        outs[o] = ins[i]
-    cost, prop = _cost(t, ins, outs, profile)
-    out_specs = tuple(
-        o if o is not None else (prop.layouts[v] or L.replicated(len(g.shapes[v])))
-        for o, v in zip(outs, g.outputs, strict=True)
-    )
-    binding = binding_for(t.fn, t.args, t.mesh, (t.closed, t.out_shape), g)
-    return Plan(
-        method=name,
-        mesh_shape=dict(t.sizes),
-        input_paths=tuple(t.paths),
-        input_shapes=tuple(tuple(s) for s in t.shapes()),
-        input_specs=tuple(ins),
-        output_shapes=tuple(tuple(g.shapes[v]) for v in g.outputs),
-        output_specs=out_specs,
-        constraints=(),
-        operand_constraints=(),
-        cost=cost,
-        search_time=time.perf_counter() - start,
-        fingerprint=fingerprint(g),
-        notes=(f"baseline {name}: argument layouts fixed, the partitioner propagates the rest",),
-        binding=binding,
-    )
-
-
-def _roles(t: _Traced, batch_argnums: Sequence[int] | None) -> tuple[set[int], set[int], set[int]]:
+def _roles(t: _On, batch_argnums: Sequence[int] | None) -> tuple[set[int], set[int], set[int]]:
     n = len(t.args)
     batch = set(batch_argnums) if batch_argnums is not None else {n - 1}
     for b in batch:
@@ -210,7 +141,7 @@ def _roles(t: _Traced, batch_argnums: Sequence[int] | None) -> tuple[set[int], s
     return batch, params, state
 
 
-def _check_axes(t: _Traced, axes: Sequence[str], what: str) -> None:
+def _check_axes(t: _On, axes: Sequence[str], what: str) -> None:
     for a in axes:
         if a not in t.sizes:
             raise SearchError(f"{what}: mesh axis {a!r} not in mesh axes {list(t.sizes)}")
@@ -226,13 +157,13 @@ def build(
     batch_argnums: Sequence[int] | None = None,
     device: str | DeviceProfile | None = None,
     name: str = "",
-    traced: tuple[Any, Any, OpGraph] | None = None,
+    traced: Traced | None = None,
 ) -> Plan:
     """A baseline from its ingredients: batch split over ``data_axes``, Megatron tensor
     parallelism over ``model_axis``, optimizer state (or, without any, parameters) split over
     ``zero_axes``."""
     start = time.perf_counter()
-    t = _Traced(fn, tuple(args), mesh, traced)
+    t = _On(traced if traced is not None else trace(fn, *args), mesh)
     _check_axes(t, [*data_axes, *zero_axes, *([model_axis] if model_axis else [])], name)
     batch, params, state = _roles(t, batch_argnums)
     shapes = t.shapes()
@@ -253,10 +184,14 @@ def build(
                 if got and free and shape[d] % (math.prod(t.sizes[a] for a in got)) == 0:
                     layouts[i] = _with(layouts[i], d, got)
                     break
-    return _plan(t, name or "custom", layouts, device, start)
+    name = name or "custom"
+    note = f"baseline {name}: argument layouts fixed, the partitioner propagates the rest"
+    return fixed_plan(
+        t.traced, mesh, layouts, method=name, device=device, notes=(note,), start=start
+    )
 
 
-def _copy_to_state(t: _Traced, layouts: list[L.DimAxes], params: set[int], state: set[int]):
+def _copy_to_state(t: _On, layouts: list[L.DimAxes], params: set[int], state: set[int]):
     """Optimizer state with the parameters' structure takes the parameters' layouts."""
     shapes = t.shapes()
     param_leaves = [i for i, a in enumerate(t.arg_of_leaf) if a in params]
@@ -309,8 +244,9 @@ def baselines(fn, *args, mesh: Mesh, batch_argnums=None, device=None,
               traced=None) -> dict[str, Plan]:  # fmt: skip
     """Every baseline for this mesh: 1-D meshes get replicated, data parallel, Megatron and
     ZeRO; 2-D meshes also data parallel × Megatron and ZeRO × Megatron (data on the first
-    axis, model on the last). ``traced``: ``(closed jaxpr, output shape, OpGraph)`` of a
-    previous trace, to skip tracing again."""
+    axis, model on the last). ``traced``: the function already traced (``Traced``), so it is
+    not traced again for every baseline."""
+    traced = traced if traced is not None else trace(fn, *args)
     names = [str(a) for a in mesh.axis_names]
     kw = {"mesh": mesh, "batch_argnums": batch_argnums, "device": device, "traced": traced}
     out = {

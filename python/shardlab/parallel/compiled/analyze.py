@@ -8,7 +8,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding
 
-from shardlab.parallel.hlo import collectives_from_hlo
+from shardlab.parallel.compiled.hlo import collectives_from_hlo
 from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.records import MemoryBreakdown, Report
 from shardlab.parallel.specs import resolve_shardings, unflatten_like

@@ -1,0 +1,77 @@
+"""Which all-reduces XLA's all-reduce combiner merges, and the merged collectives.
+
+XLA combines all-reduces that cannot depend on each other into one instruction: the bytes
+add up and the latency is paid once. Every costing of a strategy (``predict``, the
+baselines, a search's choice) merges its predicted all-reduces the same way, here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from shardlab.parallel.cost.profiles import wire_bytes
+from shardlab.parallel.graph.opgraph import OpGraph
+from shardlab.parallel.records import Collective
+
+HEAVY = frozenset({"dot_general", "conv_general_dilated"})
+
+
+def terminal_nodes(g: OpGraph, live: list[bool]) -> list[bool]:
+    """Per node: live, and no matmul/convolution downstream (weight gradients, the loss, the
+    optimizer update): the all-reduces such nodes need are mutually independent."""
+    heavy_below = [False] * len(g.nodes)
+    for node in reversed(g.nodes):
+        if not live[node.index]:
+            continue
+        heavy_below[node.index] = any(
+            g.nodes[c].primitive in HEAVY or heavy_below[c]
+            for v in node.outputs
+            for c in g.consumers(v)
+            if live[c]
+        )
+    return [live[i] and not heavy_below[i] for i in range(len(g.nodes))]
+
+
+def all_reduce_groups(
+    g: OpGraph, collectives: Sequence[Collective], nodes: Sequence[int]
+) -> list[tuple[int, tuple[str, ...]] | None]:
+    """Per collective, the group XLA's all-reduce combiner would merge it into (``None``
+    for other kinds): an all-reduce's level is one more than the highest level upstream of
+    the node it reduces, so all-reduces of one level over the same axes are independent."""
+    reducing = {n for c, n in zip(collectives, nodes, strict=True) if c.kind == "all-reduce"}
+    level = [0] * len(g.nodes)
+    for node in g.nodes:
+        lvl = 0
+        for v in node.inputs:
+            p = g.producer(v)
+            if p >= 0:
+                lvl = max(lvl, level[p])
+        level[node.index] = lvl + (node.index in reducing)
+    return [
+        (level[n], c.mesh_axes) if c.kind == "all-reduce" and n >= 0 else None
+        for c, n in zip(collectives, nodes, strict=True)
+    ]
+
+
+def combine_all_reduces(
+    g: OpGraph, collectives: Sequence[Collective], nodes: Sequence[int]
+) -> list[Collective]:
+    """Merge all-reduces that cannot depend on each other, as XLA's all-reduce combiner
+    does (see ``all_reduce_groups``)."""
+    out: list[Collective] = []
+    merged: dict[tuple[int, tuple[str, ...]], Collective] = {}
+    for c, key in zip(collectives, all_reduce_groups(g, collectives, nodes), strict=True):
+        if key is None:
+            out.append(c)
+            continue
+        old = merged.get(key)
+        if old is None:
+            merged[key] = c
+            continue
+        nbytes = old.bytes * old.count + c.bytes * c.count
+        merged[key] = dataclasses.replace(
+            old, bytes=nbytes, count=1, wire_bytes=wire_bytes("all-reduce", nbytes,
+                                                              old.group_size)
+        )  # fmt: skip
+    return out + list(merged.values())

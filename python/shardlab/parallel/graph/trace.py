@@ -1,0 +1,187 @@
+"""Tracing, once: a function and example arguments become one frozen ``Traced`` record.
+
+Everything downstream (the search, the baselines, ``predict``, ``plan.bind``, the editor)
+takes a ``Traced`` instead of tracing again: the closed jaxpr, the output shapes, the
+``OpGraph`` built from it, which outputs are updated arguments (``ties``), every argument
+leaf's path as the user would name it, the argument and output trees, and a fingerprint of
+the graph's primitives and shapes (to tell a plan's function apart).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
+
+from shardlab.parallel.errors import SearchError
+from shardlab.parallel.graph.opgraph import OpGraph, build_from_jaxpr
+
+
+@dataclasses.dataclass(frozen=True)
+class Traced:
+    """A function traced with example arguments.
+
+    Attributes:
+        fn: the function.
+        args: the arguments as ``jax.ShapeDtypeStruct`` pytrees (no data is kept).
+        jaxpr: the closed jaxpr of ``fn(*args)``.
+        out_shape: the output pytree of ``jax.ShapeDtypeStruct``.
+        graph: the ``OpGraph`` of ``jaxpr`` (scans unrolled when ``unroll_scans``).
+        ties: ``{flat output position: flat input position}`` of outputs that are updated
+            arguments (``find_ties``).
+        paths: per flat argument leaf, its path (``params/w1``, see ``leaf_paths``).
+        arg_of_leaf: per flat argument leaf, the position of the argument it belongs to.
+        in_tree: the tree structure of ``args`` (as a tuple).
+        out_tree: the tree structure of the output.
+        fingerprint: a digest of the graph's primitives and shapes.
+        unroll_scans: whether the graph unrolls top-level scans (the search's graph does).
+    """
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    jaxpr: Any
+    out_shape: Any
+    graph: OpGraph
+    ties: Mapping[int, int]
+    paths: tuple[str, ...]
+    arg_of_leaf: tuple[int, ...]
+    in_tree: Any
+    out_tree: Any
+    fingerprint: str
+    unroll_scans: bool = True
+
+    def input_shapes(self) -> list[tuple[int, ...]]:
+        """Per flat argument leaf, its shape."""
+        return [self.graph.shapes[v] for v in self.graph.inputs]
+
+
+def trace(fn: Callable[..., Any], *args: Any, unroll_scans: bool = True) -> Traced:
+    """Trace ``fn(*args)`` once (``jax.make_jaxpr``) and build its ``OpGraph``.
+
+    Args:
+        fn: the function.
+        *args: example arguments (arrays, ``jax.ShapeDtypeStruct`` or pytrees of them).
+        unroll_scans: unroll top-level ``lax.scan`` loops into the graph (the search, its
+            plans and the editor do; ``predict`` and ``analyze`` take the loop as one node).
+
+    Raises:
+        SearchError: the function does not trace with these arguments (the message names the
+            function and the original error).
+    """
+    try:
+        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+    except Exception as e:  # any tracing failure is the user's function's
+        raise SearchError(
+            f"{getattr(fn, '__name__', fn)!r} does not trace with the given arguments: "
+            f"{type(e).__name__}: {e}"
+        ) from e
+    graph = build_from_jaxpr(closed, unroll_scans=unroll_scans)
+    args = tuple(args)
+    counts = [len(jax.tree_util.tree_leaves(a)) for a in args]
+    abstract = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(np.shape(x), getattr(x, "dtype", np.float32)), args
+    )
+    return Traced(
+        fn=fn,
+        args=abstract,
+        jaxpr=closed,
+        out_shape=out_shape,
+        graph=graph,
+        ties=find_ties(args, out_shape),
+        paths=tuple(path_text(p) for p in leaf_paths(fn, args)),
+        arg_of_leaf=tuple(i for i, n in enumerate(counts) for _ in range(n)),
+        in_tree=jax.tree_util.tree_structure(args),
+        out_tree=jax.tree_util.tree_structure(out_shape),
+        fingerprint=fingerprint(graph),
+        unroll_scans=unroll_scans,
+    )
+
+
+def fingerprint(graph: OpGraph) -> str:
+    """A digest of the graph's primitives and shapes, to tell a plan's function apart."""
+    h = hashlib.sha1()
+    for n in graph.nodes:
+        h.update(n.primitive.encode())
+        for v in n.outputs:
+            h.update(str(graph.shapes[v]).encode())
+    for v in graph.inputs:
+        h.update(str(graph.shapes[v]).encode())
+    return h.hexdigest()[:16]
+
+
+def find_ties(args: tuple[Any, ...], out_shape: Any) -> dict[int, int]:
+    """``{flat output position: flat input position}`` for outputs that are updated inputs.
+
+    An output subtree (the output itself or a top-level element of an output tuple) with the
+    same structure, shapes and dtypes as an argument is taken to be its new value (updated
+    parameters, optimizer state), so it keeps the argument's layout across steps.
+    """
+
+    def spans(children: list[Any]) -> list[tuple[Any, int, int]]:
+        out, start = [], 0
+        for c in children:
+            n = len(jax.tree_util.tree_leaves(c))
+            out.append((c, start, n))
+            start += n
+        return out
+
+    def sig(x: Any) -> Any:
+        leaves, tree = jax.tree_util.tree_flatten(x)
+        return tree, tuple((tuple(np.shape(v)), str(getattr(v, "dtype", ""))) for v in leaves)
+
+    arg_spans = spans(list(args))
+    outs = list(out_shape) if isinstance(out_shape, (tuple, list)) else [out_shape]
+    ties: dict[int, int] = {}
+    taken: set[int] = set()
+    for o, o_start, n in spans(outs):
+        if n == 0:
+            continue
+        for k, (a, a_start, m) in enumerate(arg_spans):
+            if k not in taken and m == n and sig(a) == sig(o):
+                taken.add(k)
+                ties.update({o_start + i: a_start + i for i in range(n)})
+                break
+    return ties
+
+
+def _component(key: Any) -> str:
+    if isinstance(key, DictKey):
+        return str(key.key)
+    if isinstance(key, SequenceKey):
+        return str(key.idx)
+    if isinstance(key, GetAttrKey):
+        return key.name
+    if isinstance(key, FlattenedIndexKey):
+        return str(key.key)
+    return str(key)
+
+
+def leaf_paths(fn: Callable[..., Any] | None, args: Sequence[Any]) -> list[tuple[str, ...]]:
+    """Per flat argument leaf, its path as strings; the first component is the parameter
+    name of ``fn`` when known (else the position)."""
+    try:
+        names = [
+            p.name
+            for p in inspect.signature(fn).parameters.values()  # type: ignore[arg-type]
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        names = []
+    out = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(tuple(args))[0]:
+        comps = [_component(k) for k in path]
+        pos = int(comps[0])
+        comps[0] = names[pos] if pos < len(names) else comps[0]
+        out.append(tuple(comps))
+    return out
+
+
+def path_text(path: Sequence[str]) -> str:
+    """``"params/w1"``."""
+    return "/".join(path)
