@@ -26,9 +26,10 @@ from .parallel import (
     mesh,
     predict,
 )
-from .parallel.annotations import SearchError
-from .parallel.plan import Plan, PlanRow
-from .parallel.search import search
+from .parallel.errors import SearchError
+from .parallel.plan.plan import Plan
+from .parallel.records import PlanRow
+from .parallel.search.driver import search
 from .widgets import commgraph, editor, memory, show, timeline, watch
 
 __all__ = [
