@@ -44,3 +44,115 @@ def test_version_has_one_source_of_truth():
 def test_public_api_is_explicit():
     assert set(shardlab.__all__) <= set(dir(shardlab))
     assert "load_ipython_extension" in shardlab.__all__
+
+
+# The parallel core's layers, bottom first (docs/architecture.md): a module imports only from
+# its own layer or the ones below it.
+PARALLEL_LAYERS = ("base", "graph", "cost", "compiled", "plan", "search")
+PACKAGE_LAYERS = {  # shardlab's own packages: these never import the ones named after them
+    "parallel": ("engine", "kernel", "widgets", "bench", "examples"),
+    "engine": ("parallel", "kernel", "widgets", "bench", "examples"),
+    "widgets": ("kernel", "bench"),
+    "examples": ("engine", "kernel", "widgets", "bench"),
+}
+SRC = ROOT / "python" / "shardlab"
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    """Every shardlab module ``path`` imports, at any depth of the file (lazy imports too)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    me = _module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                mod = node.module or ""
+            found.add(mod)
+            found.update(f"{mod}.{a.name}" for a in node.names)  # `from pkg import module`
+    modules = {_module_name(p) for p in SRC.rglob("*.py")}
+    return {m for m in found if m in modules and m != me}
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] != ["shardlab", "parallel"]:
+        return None
+    if len(parts) == 2 or parts[2] not in PARALLEL_LAYERS:
+        return "base"
+    return parts[2]
+
+
+def test_parallel_layers_import_only_downwards():
+    wrong = []
+    for path in (SRC / "parallel").rglob("*.py"):
+        me = _module_name(path)
+        if me == "shardlab.parallel":  # the package face re-exports from every layer
+            continue
+        mine = PARALLEL_LAYERS.index(_layer(me) or "base")
+        for other in _imports(path):
+            layer = _layer(other)
+            if other == "shardlab.parallel":
+                wrong.append(f"{me} imports the package face shardlab.parallel")
+            elif layer is not None and PARALLEL_LAYERS.index(layer) > mine:
+                wrong.append(f"{me} ({PARALLEL_LAYERS[mine]}) imports {other} ({layer})")
+    assert wrong == []
+
+
+def test_packages_import_in_one_direction():
+    wrong = []
+    for path in SRC.rglob("*.py"):
+        me = _module_name(path)
+        package = me.split(".")[1] if "." in me else ""
+        for other in _imports(path):
+            target = other.split(".")[1] if "." in other else ""
+            if target in PACKAGE_LAYERS.get(package, ()):
+                wrong.append(f"{me} imports {other}")
+    assert wrong == []
+
+
+def test_no_import_cycles_between_modules():
+    graph = {_module_name(p): _imports(p) for p in SRC.rglob("*.py")}
+    # A package's __init__ re-exporting its modules is not a cycle of the modules.
+    graph = {m: {o for o in deps if not m.startswith(o + ".")} for m, deps in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(m: str) -> None:  # Tarjan's strongly connected components
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        for o in graph.get(m, ()):
+            if o not in index:
+                visit(o)
+                low[m] = min(low[m], low[o])
+            elif o in stack:
+                low[m] = min(low[m], index[o])
+        if low[m] == index[m]:
+            component = []
+            while True:
+                o = stack.pop()
+                component.append(o)
+                if o == m:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    assert cycles == []
