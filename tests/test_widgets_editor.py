@@ -13,7 +13,7 @@ import shardlab
 from kernelclient import Kernel
 from shardlab.parallel.specs import ShardingSpecError
 from shardlab.widgets.editor import EditorView
-from shardlab.widgets.strategy import EditorModel, diff
+from shardlab.widgets.editor_model import EditorModel, diff
 
 
 def loss(params, x):

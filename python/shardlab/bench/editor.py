@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from shardlab.parallel.mesh import mesh as make_mesh
 from shardlab.widgets.editor import EditorView
-from shardlab.widgets.strategy import EditorModel, diff
+from shardlab.widgets.editor_model import EditorModel, diff
 
 EDITS = 12
 

@@ -21,7 +21,7 @@ from ..parallel.records import COLLECTIVE_KINDS
 from ..parallel.specs import ShardingSpecError, spec_entries
 from ._html import KIND_COLORS, View, esc, fmt_bytes, fmt_time, panel, table
 from ._live import LiveDisplay, guarded
-from .strategy import CompileResult, EditorModel, Evaluation, diff
+from .editor_model import CompileResult, EditorModel, Evaluation, diff
 
 
 class EditorView(View):
