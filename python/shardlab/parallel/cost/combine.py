@@ -71,7 +71,6 @@ def combine_all_reduces(
             continue
         nbytes = old.bytes * old.count + c.bytes * c.count
         merged[key] = dataclasses.replace(
-            old, bytes=nbytes, count=1, wire_bytes=wire_bytes("all-reduce", nbytes,
-                                                              old.group_size)
-        )  # fmt: skip
+            old, bytes=nbytes, count=1, wire_bytes=wire_bytes("all-reduce", nbytes, old.group_size)
+        )
     return out + list(merged.values())

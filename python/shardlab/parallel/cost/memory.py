@@ -98,9 +98,7 @@ def liveness(graph: OpGraph, live: Sequence[bool]) -> Liveness:
         for v in graph.nodes[i].inputs:
             for s in source_of(v) | {v}:  # program order: the latest read wins
                 last_use[s] = i
-    materialized = frozenset(
-        v for i in order for v in graph.nodes[i].outputs if v not in fused
-    )  # fmt: skip
+    materialized = frozenset(v for i in order for v in graph.nodes[i].outputs if v not in fused)
     return Liveness(order, materialized, last_use)
 
 
@@ -265,8 +263,12 @@ def traffic(
         return sum(out_bytes)
     if node.primitive in UPDATING:
         return sum(in_bytes[1:])
-    total = sum(b for v, b in zip(node.inputs, in_bytes, strict=True)
-                if moved(lv, args, v, graph.literal[v] is not None))  # fmt: skip
-    total += sum(b for v, b in zip(node.outputs, out_bytes, strict=True)
-                 if moved(lv, args, v, False))  # fmt: skip
+    total = sum(
+        b
+        for v, b in zip(node.inputs, in_bytes, strict=True)
+        if moved(lv, args, v, graph.literal[v] is not None)
+    )
+    total += sum(
+        b for v, b in zip(node.outputs, out_bytes, strict=True) if moved(lv, args, v, False)
+    )
     return total

@@ -316,5 +316,6 @@ def propagate(
             p.lay[v] = target
         else:
             p.resolve_partial(v)
-    return Propagation(p.lay, p.out, p.flops, p.warnings, live, p.spans, p.collective_nodes,
-                       p.seconds)  # fmt: skip
+    return Propagation(
+        p.lay, p.out, p.flops, p.warnings, live, p.spans, p.collective_nodes, p.seconds
+    )

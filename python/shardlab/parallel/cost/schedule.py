@@ -108,10 +108,17 @@ def schedule(
         for collective, c_start, c_end in done:
             exposed = max(0.0, min(c_end, waited_until) - max(c_start, needed_by))
             events.append(
-                Event("communication", c_start, c_end, collective.kind, collective.kind,
-                      collective.source, exposed,
-                      wire_bytes=collective.wire_bytes * collective.count)
-            )  # fmt: skip
+                Event(
+                    "communication",
+                    c_start,
+                    c_end,
+                    collective.kind,
+                    collective.kind,
+                    collective.source,
+                    exposed,
+                    wire_bytes=collective.wire_bytes * collective.count,
+                )
+            )
 
     covered = 0
     for index, first, last, seconds in prop.spans:
@@ -197,9 +204,10 @@ def measure(
             trace = json.load(handle)
     raw = trace["traceEvents"] if isinstance(trace, dict) else trace
     ours = [
-        e for e in raw
+        e
+        for e in raw
         if e.get("ph") == "X" and e.get("args", {}).get("hlo_module", "").startswith(module)
-    ]  # fmt: skip
+    ]
     if not ours:
         raise RuntimeError(f"the trace has no events of program {module!r}")
     origin = min(float(e["ts"]) for e in ours)
@@ -216,9 +224,15 @@ def measure(
         else:
             compute += seconds
         events.append(
-            Event(stream, start, start + seconds, name, match.group(0) if match else "",
-                  device=int(e["args"].get("device_ordinal", -1)))
-        )  # fmt: skip
+            Event(
+                stream,
+                start,
+                start + seconds,
+                name,
+                match.group(0) if match else "",
+                device=int(e["args"].get("device_ordinal", -1)),
+            )
+        )
     devices = len({e.device for e in events}) or 1
     total = max(e.end for e in events)
     return Timeline(

@@ -126,9 +126,12 @@ def _evaluate(
 
 
 def _scan(
-    graph: OpGraph, group: ScanGroup, env: dict[int, Any], outs: Shardings,
+    graph: OpGraph,
+    group: ScanGroup,
+    env: dict[int, Any],
+    outs: Shardings,
     operands: OperandShardings,
-) -> None:  # fmt: skip
+) -> None:
     """Run an unrolled scan as one ``lax.scan`` whose body applies the constraints of the
     middle iteration's nodes (by body position)."""
     body, base = group.body, group.iteration_starts[group.length // 2]
@@ -154,8 +157,9 @@ def _scan(
 
     p = group.eqn.params
     with group.eqn.ctx.manager, _context(group.eqn):
-        carry, ys = jax.lax.scan(step, init, xs, length=group.length, reverse=group.reverse,
-                                 unroll=p.get("unroll", 1))  # fmt: skip
+        carry, ys = jax.lax.scan(
+            step, init, xs, length=group.length, reverse=group.reverse, unroll=p.get("unroll", 1)
+        )
     last = group.stacks[-1]
     ys = [_constrain(y, (outs.get(n) or [None])[0]) for y, n in zip(ys, last, strict=True)]
     for v, x in zip(group.outputs, [*carry, *ys], strict=True):

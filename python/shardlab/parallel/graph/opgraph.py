@@ -272,14 +272,18 @@ class _Builder:
         return 0 < length and length * max(1, len(body.eqns)) <= self.unroll_limit
 
     def synthetic(
-        self, primitive: str, params: dict[str, Any], ins: Sequence[int], out: int,
-        where: tuple[str, str], origin: tuple[int, int, int],
-    ) -> int:  # fmt: skip
+        self,
+        primitive: str,
+        params: dict[str, Any],
+        ins: Sequence[int],
+        out: int,
+        where: tuple[str, str],
+        origin: tuple[int, int, int],
+    ) -> int:
         """Append a ``scan_slice``/``scan_stack`` node (no equation); ``where``: its source
         line and name stack (the scan's)."""
         index = len(self.nodes)
-        self.nodes.append(Node(index, primitive, params, tuple(ins), (out,), *where,
-                               origin=origin))  # fmt: skip
+        self.nodes.append(Node(index, primitive, params, tuple(ins), (out,), *where, origin=origin))
         return index
 
     def unroll_scan(self, eqn: Any, ins: Sequence[int], source: str) -> list[int]:
@@ -304,8 +308,11 @@ class _Builder:
             x_ids, row = [], []
             for j, (v, aval) in enumerate(zip(xs, x_avals, strict=True)):
                 out = self.new_var(aval)
-                row.append(self.synthetic("scan_slice", {"index": index}, (v,), out, where,
-                                          (group, i, -1 - j)))  # fmt: skip
+                row.append(
+                    self.synthetic(
+                        "scan_slice", {"index": index}, (v,), out, where, (group, i, -1 - j)
+                    )
+                )
                 x_ids.append(out)
             slices.append(tuple(row))
             starts.append(len(self.nodes))
@@ -323,8 +330,16 @@ class _Builder:
             for j, (y, var) in enumerate(zip(outs[n_carry:], eqn.outvars[n_carry:], strict=True)):
                 out = self.new_var(var.aval)
                 operands = (y,) if i == 0 else (buffers[j], y)
-                row.append(self.synthetic("scan_stack", {"index": index}, operands, out, where,
-                                          (group, i, -1 - len(xs) - j)))  # fmt: skip
+                row.append(
+                    self.synthetic(
+                        "scan_stack",
+                        {"index": index},
+                        operands,
+                        out,
+                        where,
+                        (group, i, -1 - len(xs) - j),
+                    )
+                )
                 if i == 0:
                     buffers.append(out)
                 else:
@@ -332,12 +347,21 @@ class _Builder:
             stacks.append(tuple(row))
         self.scan_groups.append(
             ScanGroup(
-                eqn=eqn, inputs=tuple(ins), outputs=(*carry, *buffers), length=length,
-                reverse=reverse, num_consts=n_consts, num_carry=n_carry, body=body_graph,
-                start=start, end=len(self.nodes), iteration_starts=tuple(starts),
-                slices=tuple(slices), stacks=tuple(stacks),
+                eqn=eqn,
+                inputs=tuple(ins),
+                outputs=(*carry, *buffers),
+                length=length,
+                reverse=reverse,
+                num_consts=n_consts,
+                num_carry=n_carry,
+                body=body_graph,
+                start=start,
+                end=len(self.nodes),
+                iteration_starts=tuple(starts),
+                slices=tuple(slices),
+                stacks=tuple(stacks),
             )
-        )  # fmt: skip
+        )
         return [*carry, *buffers]
 
 

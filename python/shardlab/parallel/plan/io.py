@@ -104,10 +104,15 @@ def plan_fields(data: Any) -> dict[str, Any]:
                     raise SearchError(f"operand constraint on node {node}: unknown axis {a!r}")
             operand.append((int(node), int(pos), lay))
         rows = tuple(
-            PlanRow(str(r["op"]), str(r["where"]), str(r["chosen"]), float(r["cost"]),
-                    tuple((str(a), float(c)) for a, c in r["alternatives"]))
+            PlanRow(
+                str(r["op"]),
+                str(r["where"]),
+                str(r["chosen"]),
+                float(r["cost"]),
+                tuple((str(a), float(c)) for a, c in r["alternatives"]),
+            )
             for r in data.get("rows", ())
-        )  # fmt: skip
+        )
         budget = data.get("memory_budget")
         return dict(
             method=str(data["method"]),

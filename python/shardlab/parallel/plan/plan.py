@@ -199,9 +199,12 @@ class Plan(_Record):
             "step = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings)",
         ]
         if self.constraints or self.operand_constraints:
-            lines += ["", "# Intermediate constraints the plan relies on (plan.jit() applies "
-                      "them); to apply by hand, add", "# jax.lax.with_sharding_constraint("
-                      "x, NamedSharding(mesh, spec)) at these lines:"]  # fmt: skip
+            lines += [
+                "",
+                "# Intermediate constraints the plan relies on (plan.jit() applies "
+                "them); to apply by hand, add",
+                "# jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec)) at these lines:",
+            ]
             where = {r.op_index: r for r in _index_rows(self)}
             for i, prim, specs in self.constraints:
                 src = where[i].source if i in where else ""

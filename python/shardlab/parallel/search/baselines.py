@@ -105,8 +105,11 @@ def megatron_specs(t: _On, axis: str, params: set[int]) -> dict[int, L.DimAxes]:
         role[v] = "col"
         for w in reached:
             role.setdefault(w, "row")
-    return {leaf: ((), *out[v]) if v in sliced else out[v]  # the stacked dim stays whole
-            for v, leaf in leaf_of_var.items() if v in out}  # fmt: skip
+    return {
+        leaf: ((), *out[v]) if v in sliced else out[v]  # the stacked dim stays whole
+        for v, leaf in leaf_of_var.items()
+        if v in out
+    }
 
 
 def _reached_weights(g: OpGraph, start: int, dot_of: dict[int, int], own: int) -> list[int]:
@@ -208,40 +211,76 @@ def replicated(fn, *args, mesh: Mesh, device=None, traced=None) -> Plan:
     return build(fn, *args, mesh=mesh, device=device, name="replicated", traced=traced)
 
 
-def data_parallel(fn, *args, mesh: Mesh, axes=None, batch_argnums=None, device=None,
-                  traced=None) -> Plan:  # fmt: skip
+def data_parallel(
+    fn, *args, mesh: Mesh, axes=None, batch_argnums=None, device=None, traced=None
+) -> Plan:
     """The batch split over ``axes`` (default: all mesh axes), parameters replicated."""
     axes = tuple(mesh.axis_names) if axes is None else tuple(axes)
-    return build(fn, *args, mesh=mesh, data_axes=axes, batch_argnums=batch_argnums,
-                 device=device, name="data_parallel", traced=traced)  # fmt: skip
+    return build(
+        fn,
+        *args,
+        mesh=mesh,
+        data_axes=axes,
+        batch_argnums=batch_argnums,
+        device=device,
+        name="data_parallel",
+        traced=traced,
+    )
 
 
-def megatron(fn, *args, mesh: Mesh, model_axis=None, data_axes=(), batch_argnums=None,
-             device=None, traced=None) -> Plan:  # fmt: skip
+def megatron(
+    fn,
+    *args,
+    mesh: Mesh,
+    model_axis=None,
+    data_axes=(),
+    batch_argnums=None,
+    device=None,
+    traced=None,
+) -> Plan:
     """Megatron tensor parallelism over ``model_axis`` (default: the last mesh axis) for the
     matmul pairs found in the graph (MLP and attention blocks), plus the batch split over
     ``data_axes``."""
     model_axis = model_axis or str(mesh.axis_names[-1])
     name = "megatron" if not data_axes else "data_parallel+megatron"
-    return build(fn, *args, mesh=mesh, data_axes=tuple(data_axes), model_axis=model_axis,
-                 batch_argnums=batch_argnums, device=device, name=name,
-                 traced=traced)  # fmt: skip
+    return build(
+        fn,
+        *args,
+        mesh=mesh,
+        data_axes=tuple(data_axes),
+        model_axis=model_axis,
+        batch_argnums=batch_argnums,
+        device=device,
+        name=name,
+        traced=traced,
+    )
 
 
-def zero(fn, *args, mesh: Mesh, axes=None, model_axis=None, batch_argnums=None,
-         device=None, traced=None) -> Plan:  # fmt: skip
+def zero(
+    fn, *args, mesh: Mesh, axes=None, model_axis=None, batch_argnums=None, device=None, traced=None
+) -> Plan:
     """ZeRO: data parallel over ``axes`` with the optimizer state split over them too (when
     the function has no optimizer-state argument, the parameters are split: ZeRO-3/FSDP);
     with ``model_axis``, Megatron on that axis as well."""
     axes = tuple(a for a in mesh.axis_names if a != model_axis) if axes is None else axes
     name = "zero" if model_axis is None else "zero+megatron"
-    return build(fn, *args, mesh=mesh, data_axes=tuple(axes), zero_axes=tuple(axes),
-                 model_axis=model_axis, batch_argnums=batch_argnums, device=device,
-                 name=name, traced=traced)  # fmt: skip
+    return build(
+        fn,
+        *args,
+        mesh=mesh,
+        data_axes=tuple(axes),
+        zero_axes=tuple(axes),
+        model_axis=model_axis,
+        batch_argnums=batch_argnums,
+        device=device,
+        name=name,
+        traced=traced,
+    )
 
 
-def baselines(fn, *args, mesh: Mesh, batch_argnums=None, device=None,
-              traced=None) -> dict[str, Plan]:  # fmt: skip
+def baselines(
+    fn, *args, mesh: Mesh, batch_argnums=None, device=None, traced=None
+) -> dict[str, Plan]:
     """Every baseline for this mesh: 1-D meshes get replicated, data parallel, Megatron and
     ZeRO; 2-D meshes also data parallel × Megatron and ZeRO × Megatron (data on the first
     axis, model on the last). ``traced``: the function already traced (``Traced``), so it is
@@ -257,7 +296,8 @@ def baselines(fn, *args, mesh: Mesh, batch_argnums=None, device=None,
     }
     if len(names) > 1:
         data = tuple(names[:-1])
-        out["data_parallel+megatron"] = megatron(fn, *args, model_axis=names[-1],
-                                                 data_axes=data, **kw)  # fmt: skip
+        out["data_parallel+megatron"] = megatron(
+            fn, *args, model_axis=names[-1], data_axes=data, **kw
+        )
         out["zero+megatron"] = zero(fn, *args, axes=data, model_axis=names[-1], **kw)
     return out

@@ -85,8 +85,9 @@ def build_space(
                     for c in u.cands:
                         n = L.shard_count(c.outs[0], b.sizes)
                         extra = profile.op_time(flops / n, traffic / n)
-                        new.append(dataclasses.replace(c, cost=c.cost + extra,
-                                                       flops=c.flops + flops / n))  # fmt: skip
+                        new.append(
+                            dataclasses.replace(c, cost=c.cost + extra, flops=c.flops + flops / n)
+                        )
                     b.cand_cache[merged_key] = (NO_RULE, new)
                 u.cands = b.cand_cache[merged_key][1]
                 del unit_of_var[var]
@@ -106,8 +107,16 @@ def build_space(
                 outs = tuple(L.replicated(len(graph.shapes[v])) for v in node.outputs)
                 ins = tuple(L.replicated(len(graph.shapes[v])) for v in node.inputs)
                 cands = [Cand("repl", outs, ins, 0.0, axis_of=(-1,) * len(b.axes))]
-        u = Unit(len(units), "node", (node.index,), tuple(node.outputs), tuple(node.inputs),
-                 cands, b.signature(node), fixed)  # fmt: skip
+        u = Unit(
+            len(units),
+            "node",
+            (node.index,),
+            tuple(node.outputs),
+            tuple(node.inputs),
+            cands,
+            b.signature(node),
+            fixed,
+        )
         for k, v in enumerate(node.outputs):
             unit_of_var[v] = (u.index, k)
         units.append(u)

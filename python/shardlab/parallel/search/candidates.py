@@ -70,9 +70,9 @@ class Candidates:
         got = self.reshard_cache.get(key)
         if got is None:
             got = sum(
-                self.collective_time(k, b, n, a) for k, b, n, a in L.reshard(src, dst, nbytes,
-                                                                              self.sizes)
-            )  # fmt: skip
+                self.collective_time(k, b, n, a)
+                for k, b, n, a in L.reshard(src, dst, nbytes, self.sizes)
+            )
             self.reshard_cache[key] = got
         return got
 
@@ -133,19 +133,34 @@ class Candidates:
                     local = L.local_bytes(self.g.nbytes(v), lay, self.sizes)
                     comm += self.collective_time("all-reduce", local, group, partial)
             nbytes = traffic(
-                self.g, self.lv, self.graph_inputs, node,
-                [L.local_bytes(self.g.nbytes(v), lay, self.sizes)
-                 for v, lay in zip(node.inputs, ins, strict=True)],
-                [L.local_bytes(self.g.nbytes(v), lay, self.sizes)
-                 for v, lay in zip(node.outputs, outs, strict=True)],
-            )  # fmt: skip
-            cost = self.profile.op_time(rule.flops / used, nbytes) + comm  # fmt: skip
+                self.g,
+                self.lv,
+                self.graph_inputs,
+                node,
+                [
+                    L.local_bytes(self.g.nbytes(v), lay, self.sizes)
+                    for v, lay in zip(node.inputs, ins, strict=True)
+                ],
+                [
+                    L.local_bytes(self.g.nbytes(v), lay, self.sizes)
+                    for v, lay in zip(node.outputs, outs, strict=True)
+                ],
+            )
+            cost = self.profile.op_time(rule.flops / used, nbytes) + comm
             label = _label(outs, ins, partial, node.inputs, self.g)
             key = (tuple(outs), ins)
             old = cands.get(key)
             if old is None or cost < old.cost:
-                cands[key] = Cand(label, tuple(outs), ins, cost, comm, partial, self.axis_of(fa),
-                                  rule.flops / used)  # fmt: skip
+                cands[key] = Cand(
+                    label,
+                    tuple(outs),
+                    ins,
+                    cost,
+                    comm,
+                    partial,
+                    self.axis_of(fa),
+                    rule.flops / used,
+                )
         result = (rule, list(cands.values()))
         if sig is not None:
             self.cand_cache[sig] = result
@@ -160,10 +175,14 @@ class Candidates:
                 params.append((k, repr(node.params[k])))
         g, lv, args = self.g, self.lv, self.graph_inputs
         ins = tuple(
-            (g.shapes[v], g.dtypes[v], g.literal[v] is not None,
-             moved(lv, args, v, g.literal[v] is not None))
+            (
+                g.shapes[v],
+                g.dtypes[v],
+                g.literal[v] is not None,
+                moved(lv, args, v, g.literal[v] is not None),
+            )
             for v in node.inputs
-        )  # fmt: skip
+        )
         outs = tuple((g.shapes[v], g.dtypes[v], moved(lv, args, v, False)) for v in node.outputs)
         return (node.primitive, ins, outs, tuple(params))
 
@@ -175,8 +194,9 @@ def _label(outs, ins, partial, inputs, g: OpGraph) -> str:
     """``P(out) <- P(a) · P(b) [sum over axes]``: what a split means for the tensors."""
     if not any(a for lay in (*outs, *ins) for a in lay) and not partial:
         return "replicated"
-    operands = " · ".join(spec_text(lay) for v, lay in zip(inputs, ins, strict=False)
-                          if g.shapes[v])  # fmt: skip
+    operands = " · ".join(
+        spec_text(lay) for v, lay in zip(inputs, ins, strict=False) if g.shapes[v]
+    )
     text = f"{spec_text(outs[0]) if outs else '()'} <- {operands or 'scalars'}"
     return text + (f" [sum over {'+'.join(partial)}]" if partial else "")
 

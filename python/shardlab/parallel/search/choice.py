@@ -54,8 +54,11 @@ def _memory_parts(space: Space, choice: list[int]):
         dst = dst_c.ins[e.dst_slot] if e.dst_slot >= 0 else dst_c.outs[0]
         if dst != src:
             copies.setdefault(e.var, set()).add(dst)
-    final = {v: lays.get(g.inputs[space.ties[pos]]) for pos, v in enumerate(g.outputs)
-             if pos in space.ties}  # fmt: skip
+    final = {
+        v: lays.get(g.inputs[space.ties[pos]])
+        for pos, v in enumerate(g.outputs)
+        if pos in space.ties
+    }
 
     def local(v: int) -> int:
         lay = lays.get(v)
@@ -90,15 +93,23 @@ def plan_memory(space: Space, choice: list[int]) -> DeviceMemoryEstimate:
     also holds one copy per other layout its consumers need (a gathered parameter, a
     resharded activation)."""
     local, extra, output_local, transient = _memory_parts(space, choice)
-    return device_memory(space.graph, space.live, local, extra, output_local,
-                         lv=space_liveness(space), transient=transient)  # fmt: skip
+    return device_memory(
+        space.graph,
+        space.live,
+        local,
+        extra,
+        output_local,
+        lv=space_liveness(space),
+        transient=transient,
+    )
 
 
 def peak_buffers(space: Space, choice: list[int]) -> frozenset[int]:
     """The buffers live at a choice's memory peak (``memory_model.held_at_peak``)."""
     local, extra, _, transient = _memory_parts(space, choice)
-    return held_at_peak(space.graph, space.live, local, extra, lv=space_liveness(space),
-                        transient=transient)  # fmt: skip
+    return held_at_peak(
+        space.graph, space.live, local, extra, lv=space_liveness(space), transient=transient
+    )
 
 
 def space_liveness(space: Space) -> Liveness:
@@ -124,12 +135,17 @@ def cost_of(space: Space, choice: list[int]) -> CostBreakdown:
             return
         n = g.nodes[node] if node >= 0 else None
         emitters.append(node)
-        colls.append(Collective(
-            kind=kind, bytes=int(nbytes), group_size=int(group),
-            mesh_axes=tuple(a for a in sizes if a in axes), wire_bytes=wire_bytes(kind, nbytes,
-                                                                                  group),
-            op_name=n.primitive if n else "output", source=n.source if n else "",
-        ))  # fmt: skip
+        colls.append(
+            Collective(
+                kind=kind,
+                bytes=int(nbytes),
+                group_size=int(group),
+                mesh_axes=tuple(a for a in sizes if a in axes),
+                wire_bytes=wire_bytes(kind, nbytes, group),
+                op_name=n.primitive if n else "output",
+                source=n.source if n else "",
+            )
+        )
 
     compute = flops = 0.0
     for u in space.units:
@@ -158,9 +174,10 @@ def cost_of(space: Space, choice: list[int]) -> CostBreakdown:
     unknown = {
         g.nodes[u.nodes[0]].primitive
         for u in space.units
-        if u.kind == "node" and g.nodes[u.nodes[0]].primitive not in RULES
+        if u.kind == "node"
+        and g.nodes[u.nodes[0]].primitive not in RULES
         and g.nodes[u.nodes[0]].primitive not in ("sharding_constraint", "reshard")
-    }  # fmt: skip
+    }
     warnings = tuple(
         f"no sharding rule for primitive {p!r} (control flow and unknown ops stay "
         "replicated; their bodies are not searched)"
@@ -299,8 +316,9 @@ def choice_from_layouts(space: Space, layouts: Sequence[L.DimAxes | None]) -> li
 
         def key(k: int, u=u, outs=outs) -> tuple[int, int, float]:
             c = u.cands[k]
-            moved = sum(1 for v, lay in zip(u.slots, c.ins, strict=False)
-                        if g.shapes[v] and want(v) != lay)  # fmt: skip
+            moved = sum(
+                1 for v, lay in zip(u.slots, c.ins, strict=False) if g.shapes[v] and want(v) != lay
+            )
             return (c.outs != outs, moved, c.cost)
 
         choice.append(min(range(len(u.cands)), key=key))

@@ -14,11 +14,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import numpy as np
 from jax.sharding import Mesh
 
-from shardlab.parallel.cost import layouts as L
-from shardlab.parallel.cost.memory import peak_points
 from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile
 from shardlab.parallel.cost.propagate import propagate
 from shardlab.parallel.errors import SearchError
@@ -28,133 +25,20 @@ from shardlab.parallel.plan.binding import Binding
 from shardlab.parallel.plan.plan import Plan
 from shardlab.parallel.search.annotations import resolve_annotations
 from shardlab.parallel.search.baselines import baselines
+from shardlab.parallel.search.budget import budget_solver
 from shardlab.parallel.search.build import build_space
 from shardlab.parallel.search.choice import (
     choice_from_layouts,
     make_plan,
-    memory_of,
-    peak_buffers,
-    space_liveness,
 )
-from shardlab.parallel.search.ilp import ilp_size, solve_ilp
-from shardlab.parallel.search.recursive import solve_recursive
+from shardlab.parallel.search.ilp import ilp_size
+from shardlab.parallel.search.methods import Best, run_method
 from shardlab.parallel.search.scan_ties import tie_scan_choices
 from shardlab.parallel.search.space import Space
 
 METHODS = ("auto", "propagate", "recursive", "ilp")
 ILP_MAX_VARIABLES = 20_000
 VERIFY_MAX_EQUATIONS = 3_000
-
-
-class _Best:
-    """The best complete assignment so far (what an interrupt returns)."""
-
-    def __init__(self, space: Space):
-        self.space = space
-        self.choice = [int(np.argmin([c.cost for c in u.cands])) for u in space.units]
-        self.total = space.total(self.choice)
-
-    def keep(self, choice: list[int]) -> None:
-        total = self.space.total(choice)
-        if total <= self.total:
-            self.choice, self.total = list(choice), total
-
-
-def batch_seeds(space: Space, n_batch_leaves: int) -> list[dict[int, int]]:
-    """Start points for the recursive search: the last argument's leaves (by convention the
-    batch) split on their leading dimension over all mesh axes, and over the first axis only.
-    The search still moves every unit freely from there."""
-    g = space.graph
-    axes = list(space.sizes)
-    options = [tuple(axes)] + ([tuple(axes[:1])] if len(axes) > 1 else [])
-    seeds = []
-    for split in options:
-        seed: dict[int, int] = {}
-        for var in g.inputs[len(g.inputs) - n_batch_leaves :]:
-            owner = space.unit_of_var.get(var)
-            shape = g.shapes[var]
-            if owner is None or not shape or shape[0] % L.shard_count((split,), space.sizes):
-                continue
-            unit = space.units[owner[0]]
-            want = (split, *L.replicated(len(shape) - 1))
-            ks = [k for k, c in enumerate(unit.cands) if c.outs[0] == want]
-            if ks and not unit.fixed:
-                seed[unit.index] = ks[0]
-        if seed:
-            seeds.append(seed)
-    return seeds
-
-
-def _memory_penalty(space: Space, lam: float) -> list[np.ndarray]:
-    """Per unit, ``lam`` × per-device bytes of what each candidate holds (a memory proxy)."""
-    g = space.graph
-    out = []
-    for u in space.units:
-        nbytes = [g.nbytes(v) for v in u.outs]
-        arr = np.array(
-            [
-                sum(L.local_bytes(b, lay, space.sizes) for b, lay in zip(nbytes, c.outs,
-                                                                         strict=True))
-                for c in u.cands
-            ]
-        )  # fmt: skip
-        out.append(lam * arr)
-    return out
-
-
-def _solve(
-    space: Space,
-    method: str,
-    best: _Best,
-    *,
-    time_limit: float,
-    extra: list[np.ndarray] | None,
-    memory_rows: list[tuple[list[np.ndarray], float]],
-    report: Callable[[float, str], None],
-    notes: list[str],
-    n_batch_leaves: int = 0,
-) -> tuple[list[int], bool | None]:
-    if method == "propagate":
-        return solve_recursive(space, extra=extra, keep=best.keep, starts="greedy"), None
-    if method == "recursive":
-        seeds = batch_seeds(space, n_batch_leaves)
-
-        def on_sweep(i: int) -> None:  # the number of steps is not known in advance
-            report(0.4 + 0.5 * i / (i + 2), f"forest descent step {i}")
-
-        return solve_recursive(space, extra=extra, on_sweep=on_sweep, keep=best.keep,
-                               seeds=seeds), None  # fmt: skip
-    result = solve_ilp(space, time_limit=time_limit, memory_rows=memory_rows)
-    notes.append(
-        f"ilp: {result.variables} variables, {result.message.strip()}"
-        + ("" if result.optimal else " (not proven optimal)")
-    )
-    if result.choice is None:
-        notes.append("ilp found no feasible point in time: recursive result used instead")
-        return solve_recursive(space, extra=extra, keep=best.keep), False
-    return result.choice, result.optimal
-
-
-def _memory_rows(space: Space, budget: float, checkpoints: int = 8):
-    """Linear per-device memory rows (``memory_model``): arguments, outputs and the
-    intermediates held at the program points with the most bytes held (replicated sizes)."""
-    g = space.graph
-    points = peak_points(g, space.live, g.nbytes, checkpoints, lv=space_liveness(space))
-    return [_memory_row(space, held, budget) for held in points or [frozenset()]]
-
-
-def _memory_row(space: Space, held: frozenset[int], budget: float):
-    """One row: arguments + outputs + the buffers ``held`` in each candidate's layout."""
-    g = space.graph
-    coeffs = [np.zeros(len(u.cands)) for u in space.units]
-    for v in set(g.inputs) | set(g.outputs) | held:
-        owner = space.unit_of_var.get(v)
-        if owner is None:
-            continue
-        u, pos = owner
-        coeffs[u] += [L.local_bytes(g.nbytes(v), c.outs[pos], space.sizes)
-                      for c in space.units[u].cands]  # fmt: skip
-    return coeffs, budget
 
 
 def search(
@@ -231,19 +115,30 @@ def search(
     target = None if memory_budget is None else float(memory_budget)
     budget_bytes = float("inf") if memory_budget is None else float(memory_budget)
     for attempt in range(3 if verify_budget else 1):
-        best = _Best(space)
+        best = Best(space)
         complete, optimal = True, None
         try:
             if target is not None:
-                solve = _budget_solver(
-                    space, target, notes, n_batch,
+                solve = budget_solver(
+                    space,
+                    target,
+                    notes,
+                    n_batch,
                     lambda: _baseline_seeds(problem, space),
-                )  # fmt: skip
+                )
                 choice, optimal = solve(used, best, time_limit, report)
             else:
-                choice, optimal = _solve(space, used, best, time_limit=time_limit, extra=None,
-                                         memory_rows=[], report=report, notes=notes,
-                                         n_batch_leaves=n_batch)  # fmt: skip
+                choice, optimal = run_method(
+                    space,
+                    used,
+                    best,
+                    time_limit=time_limit,
+                    extra=None,
+                    memory_rows=[],
+                    report=report,
+                    notes=notes,
+                    n_batch_leaves=n_batch,
+                )
         except KeyboardInterrupt:
             choice, complete, optimal = best.choice, False, False
             notes.append("interrupted: the best plan found so far (not complete)")
@@ -275,8 +170,10 @@ def search(
         report(0.97, "compiling to check the memory budget")
         compiled = plan.verify().memory.total
         if compiled <= memory_budget:
-            plan = dataclasses.replace(plan, notes=(*plan.notes, f"compiled per-device memory "
-                                       f"{compiled} B fits the budget"))  # fmt: skip
+            plan = dataclasses.replace(
+                plan,
+                notes=(*plan.notes, f"compiled per-device memory {compiled} B fits the budget"),
+            )
             break
         assert target is not None
         target *= 0.98 * memory_budget / compiled
@@ -328,10 +225,17 @@ def _compiled_baseline(
     for name, p in sorted(options.items(), key=lambda item: item[1].cost.time):
         compiled = p.verify().memory.total
         if compiled <= budget:
-            note = (f"the searched plans compile over the budget, so the fastest baseline that "
-                    f"compiles within it is returned: {name} ({compiled} B)")  # fmt: skip
-            return dataclasses.replace(p, method=f"{used}→{name}", optimal=None,
-                                       notes=(*notes, note), memory_budget=int(budget))  # fmt: skip
+            note = (
+                f"the searched plans compile over the budget, so the fastest baseline that "
+                f"compiles within it is returned: {name} ({compiled} B)"
+            )
+            return dataclasses.replace(
+                p,
+                method=f"{used}→{name}",
+                optimal=None,
+                notes=(*notes, note),
+                memory_budget=int(budget),
+            )
     raise SearchError(
         f"no plan fits memory_budget={budget:.0f} bytes per device once compiled: {why}; no "
         "baseline compiles within it either. Raise the budget, or use a larger mesh."
@@ -344,21 +248,23 @@ def _portfolio(plan: Plan, problem: _Problem, budget: float | None) -> Plan:
     model reduces partial sums where they arise, propagation may defer them."""
     options = problem.baselines()
     fits = {
-        name: p for name, p in options.items()
-        if budget is None or p.cost.memory.peak <= budget
-    }  # fmt: skip
+        name: p for name, p in options.items() if budget is None or p.cost.memory.peak <= budget
+    }
     if not fits:
         return plan
     name, best = min(fits.items(), key=lambda item: item[1].cost.time)
     if best.cost.time >= plan.cost.time * (1 - 1e-6):
-        return dataclasses.replace(plan, notes=(*plan.notes, f"auto: the search's plan "
-                                   f"beats every baseline (best: {name})"))  # fmt: skip
+        return dataclasses.replace(
+            plan,
+            notes=(*plan.notes, f"auto: the search's plan beats every baseline (best: {name})"),
+        )
     note = (
         f"auto: baseline {name} is predicted faster ({best.cost.time * 1e3:.3f} ms) than the "
         f"{plan.method} plan ({plan.cost.time * 1e3:.3f} ms), so it is returned"
     )
-    return dataclasses.replace(best, method=f"{plan.method}→{name}",
-                               notes=(*plan.notes, note), optimal=None)  # fmt: skip
+    return dataclasses.replace(
+        best, method=f"{plan.method}→{name}", notes=(*plan.notes, note), optimal=None
+    )
 
 
 def _baseline_seeds(problem: _Problem, space: Space):
@@ -368,82 +274,12 @@ def _baseline_seeds(problem: _Problem, space: Space):
     plans = problem.baselines()
     out = []
     for name, plan in plans.items():
-        outs = [plan.input_specs[space.ties[p]] if p in space.ties else None
-                for p in range(len(g.outputs))]  # fmt: skip
+        outs = [
+            plan.input_specs[space.ties[p]] if p in space.ties else None
+            for p in range(len(g.outputs))
+        ]
         prop = propagate(
             g, list(plan.input_specs), space.sizes, problem.profile, output_layouts=outs
         )
         out.append((name, choice_from_layouts(space, prop.layouts)))
     return out
-
-
-def _budget_solver(space: Space, budget: float, notes: list[str], n_batch: int, seeds):
-    """A solver that meets ``budget``: the plain optimum if it fits, else the cheapest of
-    what fits among ILP memory rows (with cuts), a Lagrangian memory penalty and the
-    baselines mapped into the space (``seeds()``)."""
-
-    def solve(method: str, best: _Best, time_limit: float, report) -> tuple[list[int], Any]:
-        def fits(choice: list[int]) -> float:
-            return memory_of(space, choice)
-
-        choice, optimal = _solve(space, method, best, time_limit=time_limit, extra=None,
-                                 memory_rows=[], report=report, notes=notes,
-                                 n_batch_leaves=n_batch)  # fmt: skip
-        if fits(choice) <= budget:
-            return choice, optimal
-        smallest = fits(choice)
-        found: list[tuple[float, list[int], Any, str]] = []
-        if method == "ilp":
-            # Rows at the replicated profile's peaks, then a cut at each solution's own peak
-            # until the solution fits (the peak moves with the layouts).
-            # One time limit for all the cuts together.
-            rows = _memory_rows(space, budget)
-            deadline = time.perf_counter() + time_limit
-            for _ in range(8):
-                left = deadline - time.perf_counter()
-                if left < 0.5:
-                    break
-                choice, optimal = _solve(space, method, best, time_limit=left,
-                                         extra=None, memory_rows=rows, report=report,
-                                         notes=notes)  # fmt: skip
-                mem = fits(choice)
-                smallest = min(smallest, mem)
-                if mem <= budget:
-                    found.append((space.total(choice), choice, optimal,
-                                  f"{len(rows)} ILP memory rows"))  # fmt: skip
-                    break
-                rows.append(_memory_row(space, peak_buffers(space, choice), budget))
-        # Lagrangian: trade seconds for bytes until the plan fits.
-        lam = 1e-3 * max(1e-12, space.total(choice)) / max(1.0, fits(choice))
-        for _ in range(40 if not found else 0):
-            extra = _memory_penalty(space, lam)
-            trial, _ = _solve(space, "recursive" if method == "ilp" else method, best,
-                              time_limit=time_limit, extra=extra, memory_rows=[],
-                              report=report, notes=[], n_batch_leaves=n_batch)  # fmt: skip
-            mem = fits(trial)
-            smallest = min(smallest, mem)
-            if mem <= budget:
-                found.append((space.total(trial), trial, False,
-                              f"a memory penalty (λ={lam:.3g} s/B)"))  # fmt: skip
-                break
-            lam *= 3.0
-        for name, seed in seeds():
-            mem = fits(seed)
-            smallest = min(smallest, mem)
-            if mem <= budget:
-                found.append((space.total(seed), seed, False, f"the {name} baseline's layouts"))
-        if found:
-            _, choice, optimal, how = min(found, key=lambda f: f[0])
-            notes.append(
-                f"memory budget {budget:.0f} B met with {how}"
-                + ("" if optimal else "; not proven optimal under the budget")
-            )
-            return choice, optimal
-        raise SearchError(
-            f"no plan fits memory_budget={budget:.0f} bytes per device; the smallest "
-            f"per-device memory the search reached is {smallest:.0f} bytes "
-            f"({smallest / 2**20:.2f} MiB). Raise the budget to at least that, or use a "
-            "larger mesh."
-        )
-
-    return solve

@@ -22,10 +22,12 @@ def combine_terminal(b: Candidates, units: list[Unit], live: list[bool]) -> None
     units pay the latency (alpha) of their all-reduce shared with the others."""
     terminal_node = terminal_nodes(b.g, live)
     terminal = [
-        u for u in units
-        if u.kind == "node" and all(terminal_node[i] for i in u.nodes)
+        u
+        for u in units
+        if u.kind == "node"
+        and all(terminal_node[i] for i in u.nodes)
         and any(c.partial for c in u.cands)
-    ]  # fmt: skip
+    ]
     if len(terminal) < 2:
         return
     share = 1.0 - 1.0 / len(terminal)
@@ -60,8 +62,7 @@ def edges_of(
         got = layout_index.get(key)
         if got is None:
             lays: dict[L.DimAxes, int] = {}
-            idx = [lays.setdefault(c.outs[pos] if outs else c.ins[pos], len(lays))
-                   for c in cands]  # fmt: skip
+            idx = [lays.setdefault(c.outs[pos] if outs else c.ins[pos], len(lays)) for c in cands]
             got = (list(lays), np.asarray(idx))
             layout_index[key] = got
         return got

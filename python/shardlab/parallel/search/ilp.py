@@ -94,8 +94,9 @@ def solve_ilp(
         time_limit: seconds for HiGHS; after it, the best incumbent (not proven optimal).
         memory_rows: ``(per unit coefficient arrays, budget)``: ``Σ coeff·x ≤ budget``.
     """
-    result = solve_arrays(own_costs(space), pair_matrices(space), time_limit=time_limit,
-                          memory_rows=memory_rows)  # fmt: skip
+    result = solve_arrays(
+        own_costs(space), pair_matrices(space), time_limit=time_limit, memory_rows=memory_rows
+    )
     if result.choice is None:
         return result
     return dataclasses.replace(result, objective=space.total(result.choice))
@@ -157,8 +158,12 @@ def solve_arrays(
             ent += [(offset[u] + int(k), -1.0) for k in np.flatnonzero(col_of == b)]
             row(ent, 0.0, 0.0)
     for coeffs, budget in memory_rows:
-        ent = [(offset[u] + k, float(c)) for u, arr in enumerate(coeffs) for k, c in
-               enumerate(arr) if c]  # fmt: skip
+        ent = [
+            (offset[u] + k, float(c))
+            for u, arr in enumerate(coeffs)
+            for k, c in enumerate(arr)
+            if c
+        ]
         row(ent, -np.inf, float(budget))
     cost = np.concatenate([*own, np.asarray(y_cost)]).tolist()
     n = len(cost)

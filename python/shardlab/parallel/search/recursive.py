@@ -252,8 +252,7 @@ def repeated_start(
         result = solve_arrays(q_own, q_pairs, time_limit=time_limit)
         q_choice = result.choice
     else:
-        q_choice = solve_by_axis(q_own, q_pairs, axis_of, len(space.sizes),
-                                 time_limit=time_limit)  # fmt: skip
+        q_choice = solve_by_axis(q_own, q_pairs, axis_of, len(space.sizes), time_limit=time_limit)
     if q_choice is None:
         return None
     return [q_choice[c] for c in col]
@@ -278,10 +277,11 @@ def solve_by_axis(
         keep = []
         for u in range(n):
             ok = [
-                k for k, ax in enumerate(axis_of[u])
+                k
+                for k, ax in enumerate(axis_of[u])
                 if all(ax[a] == fixed[u][a] for a in range(axis))
                 and all(ax[a] == -1 for a in range(axis + 1, n_axes))
-            ]  # fmt: skip
+            ]
             keep.append(np.asarray(ok or [0]))
         sub_own = [own[u][keep[u]] for u in range(n)]
         sub_pairs = {(a, b): m[np.ix_(keep[a], keep[b])] for (a, b), m in pairs.items()}
@@ -326,8 +326,7 @@ def solve_recursive(
     points = [] if folded is None else [folded]
     if n <= AXIS_ILP_MAX_UNITS:
         axis_of = [[k.axis_of for k in u.cands] for u in space.units]
-        by_axis = solve_by_axis(own, pairs, axis_of, len(space.sizes),
-                                time_limit=quotient_time)  # fmt: skip
+        by_axis = solve_by_axis(own, pairs, axis_of, len(space.sizes), time_limit=quotient_time)
         if by_axis is not None:
             points.append(by_axis)
     if folded is None:  # large graphs with repetition refine only the folded solution
@@ -360,8 +359,7 @@ def solve_recursive(
     for point in points:
         if keep is not None:
             keep(point)
-        choice = forest_descent(point, own, pairs, orders, on_step=step,
-                                max_steps=len(orders) * 4)  # fmt: skip
+        choice = forest_descent(point, own, pairs, orders, on_step=step, max_steps=len(orders) * 4)
         choice = refine(choice, own, pairs)
         total = _total(choice, own, pairs)
         if total < best_total:

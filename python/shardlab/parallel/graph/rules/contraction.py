@@ -34,15 +34,19 @@ def _dot_general(node: Node, g: OpGraph) -> OpRule:
             out.append(d)
     contract = math.prod(ls[a] for a in lc)
     flops = 2.0 * size_of(shape_of(g, node.outputs[0])) * contract
-    return OpRule((tuple(lhs), tuple(rhs)), (tuple(out),), tuple(f.sizes), frozenset(reduction),
-                  flops=flops)  # fmt: skip
+    return OpRule(
+        (tuple(lhs), tuple(rhs)), (tuple(out),), tuple(f.sizes), frozenset(reduction), flops=flops
+    )
 
 
 def _conv(node: Node, g: OpGraph) -> OpRule:
     dn = node.params["dimension_numbers"]
     lhs_spec, rhs_spec, out_spec = dn.lhs_spec, dn.rhs_spec, dn.out_spec
-    ls, rs, os_ = (shape_of(g, node.inputs[0]), shape_of(g, node.inputs[1]),
-                   shape_of(g, node.outputs[0]))  # fmt: skip
+    ls, rs, os_ = (
+        shape_of(g, node.inputs[0]),
+        shape_of(g, node.inputs[1]),
+        shape_of(g, node.outputs[0]),
+    )
     f = Factors()
     lhs: list[Dim] = [()] * len(ls)
     rhs: list[Dim] = [()] * len(rs)
@@ -66,8 +70,14 @@ def _conv(node: Node, g: OpGraph) -> OpRule:
         replicated.update(d + e + k)
     window = math.prod(rs[b] for b in rhs_spec[2:])
     flops = 2.0 * size_of(os_) * window * rs[rhs_spec[1]]
-    return OpRule((tuple(lhs), tuple(rhs)), (tuple(out),), tuple(f.sizes), frozenset(reduction),
-                  frozenset(replicated), flops)  # fmt: skip
+    return OpRule(
+        (tuple(lhs), tuple(rhs)),
+        (tuple(out),),
+        tuple(f.sizes),
+        frozenset(reduction),
+        frozenset(replicated),
+        flops,
+    )
 
 
 RULES: dict[str, RuleFn] = {

@@ -34,9 +34,8 @@ def _slice(node: Node, g: OpGraph) -> OpRule:
     f = Factors()
     dims = [
         f.new(s) if s == o and start == 0 and step == 1 else ()
-        for s, o, start, step in zip(ins, out, node.params["start_indices"], strides,
-                                     strict=True)
-    ]  # fmt: skip
+        for s, o, start, step in zip(ins, out, node.params["start_indices"], strides, strict=True)
+    ]
     return OpRule((tuple(dims),), (tuple(dims),), tuple(f.sizes))
 
 
@@ -80,8 +79,7 @@ def _gather(node: Node, g: OpGraph) -> OpRule:
         if full:
             op_dims[i] = out_dims[pos] = f.new(operand[i])
     extra = tuple(tuple(() for _ in shape_of(g, v)) for v in node.inputs[2:])
-    return OpRule((tuple(op_dims), tuple(idx_dims), *extra), (tuple(out_dims),),
-                  tuple(f.sizes))  # fmt: skip
+    return OpRule((tuple(op_dims), tuple(idx_dims), *extra), (tuple(out_dims),), tuple(f.sizes))
 
 
 def _scatter_add(node: Node, g: OpGraph) -> OpRule:
@@ -112,8 +110,13 @@ def _scatter_add(node: Node, g: OpGraph) -> OpRule:
     for i, pos in zip(window, dn.update_window_dims, strict=True):
         if updates[pos] == operand[i] and i not in dn.scatter_dims_to_operand_dims:
             op_dims[i] = upd_dims[pos] = f.new(operand[i])
-    return OpRule((tuple(op_dims), tuple(idx_dims), tuple(upd_dims)), (tuple(op_dims),),
-                  tuple(f.sizes), frozenset(reduction), flops=size_of(updates))  # fmt: skip
+    return OpRule(
+        (tuple(op_dims), tuple(idx_dims), tuple(upd_dims)),
+        (tuple(op_dims),),
+        tuple(f.sizes),
+        frozenset(reduction),
+        flops=size_of(updates),
+    )
 
 
 RULES: dict[str, RuleFn] = {

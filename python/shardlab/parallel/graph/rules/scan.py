@@ -28,8 +28,9 @@ def _scan_stack(node: Node, g: OpGraph) -> OpRule:
     stacked = f.new(shape[0])
     dims = tuple(f.new(s) for s in shape[1:])
     buffer = ((stacked, *dims),) if len(node.inputs) == 2 else ()
-    return OpRule((*buffer, dims), ((stacked, *dims),), tuple(f.sizes),
-                  replicated=frozenset(stacked))  # fmt: skip
+    return OpRule(
+        (*buffer, dims), ((stacked, *dims),), tuple(f.sizes), replicated=frozenset(stacked)
+    )
 
 
 RULES: dict[str, RuleFn] = {"scan_slice": _scan_slice, "scan_stack": _scan_stack}

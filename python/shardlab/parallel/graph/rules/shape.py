@@ -34,8 +34,9 @@ def _transpose(node: Node, g: OpGraph) -> OpRule:
     f = Factors()
     dims = [f.new(s) for s in ins]
     perm = node.params["permutation"]
-    return OpRule((tuple(dims),), (tuple(dims[p] for p in perm),), tuple(f.sizes),
-                  flops=size_of(ins))  # fmt: skip
+    return OpRule(
+        (tuple(dims),), (tuple(dims[p] for p in perm),), tuple(f.sizes), flops=size_of(ins)
+    )
 
 
 def _reshape(node: Node, g: OpGraph) -> OpRule:
@@ -84,8 +85,9 @@ def _reshape(node: Node, g: OpGraph) -> OpRule:
         i += 1
         j += 1
     extra = tuple(tuple(() for _ in shape_of(g, v)) for v in node.inputs[1:])
-    return OpRule(((*in_dims,), *extra), (tuple(out_dims),), tuple(f.sizes),
-                  replicated=frozenset(replicated))  # fmt: skip
+    return OpRule(
+        ((*in_dims,), *extra), (tuple(out_dims),), tuple(f.sizes), replicated=frozenset(replicated)
+    )
 
 
 def _squeeze(node: Node, g: OpGraph) -> OpRule:
@@ -93,8 +95,9 @@ def _squeeze(node: Node, g: OpGraph) -> OpRule:
     dropped = {d % len(ins) for d in node.params["dimensions"]}
     f = Factors()
     dims = [f.new(s) for s in ins]
-    return OpRule((tuple(dims),), (tuple(d for i, d in enumerate(dims) if i not in dropped),),
-                  tuple(f.sizes))  # fmt: skip
+    return OpRule(
+        (tuple(dims),), (tuple(d for i, d in enumerate(dims) if i not in dropped),), tuple(f.sizes)
+    )
 
 
 def _concatenate(node: Node, g: OpGraph) -> OpRule:
