@@ -20,6 +20,7 @@ from shardlab.parallel.cost import layouts
 from shardlab.parallel.cost.profiles import wire_bytes
 from shardlab.parallel.graph.rules import rule_for
 from shardlab.parallel.graph.trace import trace
+from shardlab.parallel.plan.fixed import fixed_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -156,6 +157,34 @@ def test_predict_records_and_profiles():
         x, w, mesh=m, in_shardings=(P(None, "model"), P("model")), device="h200",
     )  # fmt: skip
     assert rs.comm_bytes["reduce-scatter"] > 0 and rs.comm_bytes["all-reduce"] == 0
+
+
+def test_a_loop_s_collectives_count_once_per_trip_in_every_breakdown():
+    """The ``count`` question: a collective inside a loop of 4 trips is one record with
+    ``count=4`` when the loop stays a node (``predict``), four records when it is unrolled
+    (the search's graph); per axis, per kind and in seconds, both breakdowns agree."""
+    m = sp.mesh(data=8)
+
+    def fn(x, ws):
+        def body(carry, w):
+            return jnp.tanh(carry @ w), None  # w split on its rows: a partial sum per trip
+
+        return jax.lax.scan(body, x, ws)[0].sum()
+
+    x, ws = jnp.ones((16, 32)), jnp.ones((4, 32, 32))
+    specs = (P(None, "data"), P(None, "data"))
+    looped = sp.predict(fn, x, ws, mesh=m, in_shardings=specs)
+    assert max(c.count for c in looped.collectives) == 4
+    traced = trace(fn, x, ws, unroll_scans=True)
+    lays = [layouts.from_spec(s, len(a.shape)) for s, a in zip(specs, (x, ws), strict=True)]
+    unrolled = fixed_plan(traced, m, lays, method="hand", tie_outputs=False).cost
+    assert {c.count for c in unrolled.collectives} == {1}
+    for cost in (looped, unrolled):
+        assert sum(cost.comm_bytes_per_axis.values()) == pytest.approx(cost.total_comm_bytes)
+        profile = sp.DEVICE_PROFILES[cost.device]
+        assert cost.comm_time == pytest.approx(sum(profile.time_of(c) for c in cost.collectives))
+    assert looped.total_comm_bytes == pytest.approx(unrolled.total_comm_bytes)
+    assert looped.comm_bytes["all-reduce"] > 0
 
 
 # A representative subset; `make bench` runs every case.

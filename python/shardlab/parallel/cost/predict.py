@@ -2,7 +2,7 @@
 
 Nothing is compiled: the function is traced to an ``OpGraph``, the given shardings are
 propagated with the per-primitive rules (``propagate.py``), and the collectives that need are
-costed with the alpha-beta model (``cost.py``) in the same units as ``Report``.
+costed with the alpha-beta model (``profiles.py``) in the same units as ``Report``.
 """
 
 from __future__ import annotations

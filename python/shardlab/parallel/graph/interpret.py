@@ -9,7 +9,7 @@ the partitioner; numerically it is the original function.
 A scan unrolled into the graph (``OpGraph.scan_groups``) is evaluated as one ``lax.scan``
 again (same length, direction and unroll factor) whose body interprets the body's equations
 with the constraints of one iteration (the middle one: the search ties iterations to equal
-choices, ``scan_ties.py``), so the compiled program keeps its loop.
+choices, ``search/scan_ties.py``), so the compiled program keeps its loop.
 """
 
 from __future__ import annotations

@@ -5,14 +5,15 @@ Nested ``jit``, ``custom_jvp_call``, ``custom_vjp_call``, ``remat``/``checkpoint
 ``scan``, ``while`` and ``cond`` stay single nodes that carry their bodies as sub-graphs; the
 cost model costs a scan as its body × length.
 
-For the strategy search, ``build_from_jaxpr(closed, unroll_scans=True)`` unrolls scans (up to
+For the strategy search and the editor (``graph/trace.py``: ``trace(..., unroll_scans=True)``),
+``build_from_jaxpr(closed, unroll_scans=True)`` unrolls scans (up to
 ``SCAN_UNROLL_LIMIT`` iterations × body equations): per iteration, a ``scan_slice`` node takes
 slice i of each stacked operand, the body's equations follow (consts: the same outer
 variables every iteration; carry: the previous iteration's carry-out), and a ``scan_stack``
 node per stacked result writes the iteration's output into slice i of a buffer (the
 previous iteration's; the last buffer is the scan's result). Every node of an
 unrolled scan has an ``origin`` and the graph a ``ScanGroup`` record, so a plan found on the
-unrolled graph can be applied to the original scan (``interpret.py``). Scans nested in a
+unrolled graph can be applied to the original scan (``graph/interpret.py``). Scans nested in a
 body, ``while`` and ``cond`` stay single nodes.
 """
 
@@ -412,7 +413,7 @@ def build_from_jaxpr(
     Args:
         closed: the (closed) jaxpr.
         unroll_scans: unroll top-level ``scan`` equations (see the module docstring); the
-            strategy search does, ``analyze``/``predict`` and the editor do not.
+            strategy search, its plans and the editor do, ``predict`` does not.
         unroll_limit: largest ``length × body equations`` unrolled (default
             ``SCAN_UNROLL_LIMIT``); larger scans stay one node.
     """

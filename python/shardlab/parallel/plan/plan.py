@@ -4,7 +4,7 @@ A plan holds the layout of every input and output, the intermediate constraints 
 (``{node index: spec per output}`` and, where the model reshards an operand before an op,
 ``{node index: {operand: spec}}``), its predicted ``CostBreakdown`` and a table of what was
 chosen per operation and what else was considered. ``jit()`` re-evaluates the traced function
-equation by equation with those constraints (``interpret.py``); ``verify()`` compiles it and
+equation by equation with those constraints (``graph/interpret.py``); ``verify()`` compiles it and
 reads the collectives. JSON round-trips are validated on load and never use pickle.
 """
 

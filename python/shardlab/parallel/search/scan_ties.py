@@ -1,11 +1,11 @@
 """One choice per scan-body equation: the iterations of an unrolled scan made consistent.
 
-A plan applies one set of constraints to a scan's body (``interpret.py`` runs the original
+A plan applies one set of constraints to a scan's body (``graph/interpret.py`` runs the original
 ``lax.scan``), so every iteration of an unrolled scan must make the same choices. After a
 search, each scan group's units are tied: the choices of one iteration (the first, the
 middle and the last are tried; the one with the lowest model total wins) are copied to the
 units that play the same role in every other iteration. Units correspond by their first
-node's ``(group, body position)`` (``space.py`` merges elementwise followers into their
+node's ``(group, body position)`` (``build.py`` merges elementwise followers into their
 producer) and must share their candidate list (units are cached by structural signature, so
 corresponding units normally do; the first iteration's ``scan_stack`` differs only by its
 missing buffer operand); a unit whose candidates differ (e.g. a boundary iteration merged

@@ -1,7 +1,7 @@
 """The strategy space the searches choose from: units, candidates and edge-cost matrices.
 
 A *unit* is one decision: a graph input (its layout) or a node (which mesh axes go to which of
-its factors, see ``rules.py``). Chains of unary elementwise nodes are merged into their
+its factors, see ``graph/rules/``). Chains of unary elementwise nodes are merged into their
 producer (they follow it anyway), so the searches see fewer units. Every candidate lists the
 layout it produces for each variable of the unit and the layout it needs for each operand it
 reads from another unit; its own cost is compute (flops / devices used / peak) plus the
