@@ -6,11 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardlab
 from kernelclient import Kernel
+from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.specs import ShardingSpecError
 from shardlab.widgets.editor import EditorView
 from shardlab.widgets.editor_model import EditorModel, diff
@@ -43,6 +43,25 @@ def test_edits_update_prediction_and_diff(model):
     assert direct.comm_bytes == second.cost.comm_bytes
 
 
+def test_hand_plan_has_the_editor_figures(model):
+    """The strategy as a hand-specified plan: the editor's labels are the plan's paths and
+    its predicted cost is the one the editor shows."""
+    labels = ["params/0/0", "params/0/1", "params/1/0", "params/1/1", "x"]
+    assert [leaf.label for leaf in model.leaves] == labels
+    model.constraints = {}
+    model.set_all([P(None, "model"), P("model", None)] * 2 + [P("data")])
+    first = model.intermediates[0]
+    shown = model.constrain(first.node, 0, ("data",))
+    plan = model.plan()
+    assert plan.method == "hand" and plan.input_paths == model.traced.paths
+    assert plan.intermediate_specs() == {first.node: (P("data"),)}
+    assert plan.cost.comm_bytes == shown.cost.comm_bytes
+    assert plan.cost.time == shown.cost.time
+    assert plan.cost.memory.peak == shown.cost.memory.peak
+    model.constrain(first.node, 0, ())
+    assert model.constraints == {}
+
+
 def test_invalid_edit_keeps_last_valid_strategy(model):
     model.set_all([P(None, "model"), P(), P(), P(), P("data")])
     before, generation = list(model.specs), model.generation
@@ -70,15 +89,18 @@ def test_background_compile_and_supersede(model):
 
 
 def test_exported_code_runs_and_matches(model):
-    model.set_all([P(None, "model"), P("model", None)] * 2 + [P("data")])
-    namespace: dict = {}
-    exec(model.code(), namespace)
-    shardings = jax.tree.map(
-        lambda s: NamedSharding(model.mesh, s),
-        namespace["in_shardings"],
-        is_leaf=lambda x: isinstance(x, P),
-    )
-    got = jax.jit(model.fn, in_shardings=shardings)(*model.args)
+    specs = [P(None, "model"), P("model", None)] * 2 + [P("data")]
+    model.set_all(specs)
+    code = model.code()
+    assert code == model.plan().to_code()  # the plan's code generator
+    assert "mesh = shardlab.mesh(data=2, model=4)" in code
+    namespace: dict = {"fn": model.fn}  # the exported code jits the user's ``fn``
+    exec(code, namespace)
+    shardings = namespace["in_shardings"]
+    assert jax.tree.structure(shardings) == jax.tree.structure(model.in_shardings())
+    got_specs = [L.from_spec(s.spec, 2) for s in jax.tree.leaves(shardings)]
+    assert got_specs == [L.from_spec(s, 2) for s in specs]
+    got = namespace["step"](*model.args)
     want = model.fn(*model.args)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
@@ -183,7 +205,9 @@ def test_constraints_on_intermediates_change_prediction_and_compile(model):
     assert results[0].error is None and results[0].report is not None
     # the compiled program honours the constraint: it now communicates over 'model'
     assert any("model" in c.mesh_axes for c in results[0].report.collectives)
-    assert "constraints = {" in model.code()
+    code = model.code()
+    assert "Intermediate constraints" in code
+    assert f"node {first.node} dot_general" in code and "P(None, 'model')" in code
     with pytest.raises(ShardingSpecError):
         model.constrain(first.node, 0, ("model",))  # 'model' already on dim 1
     assert model.constraints == {first.node: P(None, "model")}
@@ -211,6 +235,7 @@ def test_editor_applies_a_plan_for_a_scanned_model():
     ed.apply(plan)
     assert ed.error is None
     assert ed.model.specs == [s.spec for s in jax.tree_util.tree_leaves(plan.in_shardings)]
+    assert ed.model.current is not None
     predicted = ed.model.current.cost
     # the editor propagates the plan's layouts itself: the same bytes, perhaps other kinds
     total = sum(predicted.comm_bytes.values())

@@ -30,7 +30,7 @@ def _edits(model: EditorModel) -> list[tuple[int, int, tuple[str, ...]]]:
 
 
 def leaf_is_param(model: EditorModel, index: int) -> bool:
-    return model.leaves[index].label.startswith("0/")
+    return model.traced.arg_of_leaf[index] == 0  # the first argument: the parameters
 
 
 def run() -> str:
@@ -42,7 +42,7 @@ def run() -> str:
     model = EditorModel(case.fn, case.args, mesh)
     setup = time.perf_counter() - start
     # Data parallel to start with: the batch (third argument) split over 'data'.
-    specs = [P("data") if leaf.label.startswith("2/") else P() for leaf in model.leaves]
+    specs = [P("data") if arg == 2 else P() for arg in model.traced.arg_of_leaf]
     model.set_all(specs)
     refresh, compile_times = [], []
     superseded = 0

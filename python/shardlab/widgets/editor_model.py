@@ -2,8 +2,10 @@
 
 No widgets here: ``EditorModel`` holds the per-leaf specs, validates an edit (an invalid
 choice keeps the last valid strategy and returns the error naming dimension and axis),
-predicts the cost with a graph traced once (fast: no compile), and compiles in the
-background on request, where a newer edit supersedes a stale compile.
+predicts the cost with a function traced once (fast: no compile), and compiles in the
+background on request, where a newer edit supersedes a stale compile. The strategy as a
+record is a hand-specified ``Plan`` (``EditorModel.plan``): its code export and its function
+with the constraints applied are the plan's, as for a searched one.
 """
 
 from __future__ import annotations
@@ -18,14 +20,19 @@ import jax
 from jax.sharding import Mesh, PartitionSpec
 
 from ..parallel import analyze, predict
-from ..parallel.graph.opgraph import build_from_jaxpr
+from ..parallel.cost import layouts as L
+from ..parallel.graph.opgraph import OpGraph
+from ..parallel.graph.trace import Traced, trace
+from ..parallel.plan.fixed import fixed_plan
+from ..parallel.plan.plan import Plan
 from ..parallel.records import CostBreakdown, Report
 from ..parallel.specs import ShardingSpecError, check_spec, spec_entries
 
 
 @dataclass(frozen=True)
 class Leaf:
-    """One array argument of the function: its path label and shape."""
+    """One array argument of the function: its path label (``params/w1``, as plans name
+    it) and shape."""
 
     label: str
     shape: tuple[int, ...]
@@ -79,16 +86,14 @@ class EditorModel:
     constraints: dict[int, PartitionSpec] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
-        flat = jax.tree_util.tree_flatten_with_path(self.args)[0]
-        self.leaves = tuple(
-            Leaf(_label(path), tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", "")))
-            for path, x in flat
-        )
-        self._treedef = jax.tree_util.tree_structure(self.args)
-        self.specs = [PartitionSpec() for _ in self.leaves]
         # Traced once; every edit reuses it. Scans are unrolled as the search does, so a
         # plan's constraints (by node) apply here too.
-        self.graph = build_from_jaxpr(jax.make_jaxpr(self.fn)(*self.args), unroll_scans=True)
+        self.traced: Traced = trace(self.fn, *self.args, unroll_scans=True)
+        self.leaves = tuple(
+            Leaf(path, tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", "")))
+            for path, x in zip(self.traced.paths, jax.tree_util.tree_leaves(self.args), strict=True)
+        )
+        self.specs = [PartitionSpec() for _ in self.leaves]
         self._lock = threading.Lock()
         self._latest_compile: CompileResult | None = None
         self.intermediates = self._intermediates()
@@ -112,6 +117,11 @@ class EditorModel:
             if len(out) >= MAX_INTERMEDIATES:
                 break
         return tuple(out)
+
+    @property
+    def graph(self) -> OpGraph:
+        """The traced function's ``OpGraph`` (scans unrolled)."""
+        return self.traced.graph
 
     def constrain(self, node: int, dim: int, axes: tuple[str, ...]) -> Evaluation:
         """Constrains dimension ``dim`` of intermediate ``node`` to ``axes`` (``()``: none;
@@ -144,7 +154,7 @@ class EditorModel:
         return tuple(str(a) for a in self.mesh.axis_names)
 
     def in_shardings(self, specs: list[PartitionSpec] | None = None) -> Any:
-        return jax.tree_util.tree_unflatten(self._treedef, list(specs or self.specs))
+        return jax.tree_util.tree_unflatten(self.traced.in_tree, list(specs or self.specs))
 
     def set_all(self, specs: list[PartitionSpec]) -> Evaluation:
         """Replaces the whole strategy (e.g. from a plan); validated like an edit."""
@@ -178,7 +188,7 @@ class EditorModel:
             in_shardings=self.in_shardings(specs),
             constraints=dict(self.constraints) or None,
             device=self.device,
-            graph=self.graph,
+            traced=self.traced,
         )
         with self._lock:
             self.generation += 1
@@ -202,16 +212,9 @@ class EditorModel:
             start = time.perf_counter()
             result = CompileResult(generation)
             try:
-                fn = self.fn
-                if constraints:  # re-evaluate the graph with the constraints inserted
-                    from ..parallel.graph.interpret import interpreter
-
-                    fn = interpreter(
-                        self.graph,
-                        self.mesh,
-                        {node: [spec] for node, spec in constraints.items()},
-                        jax.tree_util.tree_structure(self.args),
-                    )
+                # The plan's function: the traced graph re-evaluated with the constraints
+                # inserted. Output layouts are left to XLA (in_shardings only).
+                fn = self._plan(specs, constraints).function()
                 result.report = analyze(
                     fn, *self.args, mesh=self.mesh, in_shardings=self.in_shardings(specs)
                 )
@@ -229,41 +232,36 @@ class EditorModel:
         thread.start()
         return thread
 
-    def code(self) -> str:
-        """Python source with the PartitionSpecs of the current strategy, ready to paste.
+    def plan(self) -> Plan:
+        """The current strategy as a hand-specified plan (no search): the argument layouts
+        and intermediate constraints as edited, outputs as the partitioner propagates them.
 
-        ``in_shardings`` has the structure of the arguments, so it can be passed to
-        ``jax.jit(fn, in_shardings=...)`` (with a mesh set) or ``shardlab.analyze``.
+        Its cost is the cost model's for this strategy (the figures the editor shows);
+        ``plan.jit()``, ``plan.verify()`` and ``plan.to_code()`` work as for a searched plan.
         """
-        tree = repr(self.in_shardings()).replace("PartitionSpec(", "P(")
-        lines = [
-            "from jax.sharding import PartitionSpec as P",
-            "",
-            "# " + ", ".join(f"{k}={v}" for k, v in self.mesh.shape.items()) + " mesh",
-            f"in_shardings = {tree}",
-            "",
-            "# per argument leaf:",
-        ]
-        for leaf, spec in zip(self.leaves, self.specs, strict=True):
-            lines.append(f"#   {leaf.label}: {leaf.dtype}{list(leaf.shape)} -> {spec}")
-        if self.constraints:
-            lines.append("")
-            lines.append("# constraints on intermediates: at these lines, wrap the value in")
-            lines.append("# jax.lax.with_sharding_constraint(value, NamedSharding(mesh, spec))")
-            lines.append("constraints = {")
-            for node, spec in sorted(self.constraints.items()):
-                where = self.graph.nodes[node].source or "?"
-                lines.append(f"    {node}: {spec},  # {where}".replace("PartitionSpec(", "P("))
-            lines.append("}")
-        return "\n".join(lines)
+        return self._plan(list(self.specs), dict(self.constraints))
 
+    def _plan(self, specs: list[PartitionSpec], constraints: dict[int, PartitionSpec]) -> Plan:
+        graph = self.graph
+        return fixed_plan(
+            self.traced,
+            self.mesh,
+            [L.from_spec(s, len(leaf.shape)) for leaf, s in zip(self.leaves, specs, strict=True)],
+            method="hand",
+            device=self.device,
+            constraints={
+                node: L.from_spec(spec, len(graph.shapes[graph.nodes[node].outputs[0]]))
+                for node, spec in constraints.items()
+            },
+            tie_outputs=False,
+            notes=("set by hand in the strategy editor (shardlab.editor)",),
+        )
 
-def _label(path: tuple[Any, ...]) -> str:
-    parts = []
-    for key in path:
-        name = getattr(key, "key", getattr(key, "idx", getattr(key, "name", key)))
-        parts.append(str(name))
-    return "/".join(parts) or "arg"
+    def code(self) -> str:
+        """Python source with the PartitionSpecs of the current strategy, ready to paste
+        (``plan().to_code()``: the mesh, ``in_shardings``/``out_shardings`` with the
+        structure of the arguments and outputs, and the constraints on intermediates)."""
+        return self.plan().to_code()
 
 
 def diff(before: CostBreakdown | None, after: CostBreakdown) -> list[str]:
