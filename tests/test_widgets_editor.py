@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -189,6 +191,31 @@ def test_editor_widget_in_a_kernel():
         assert kernel.ok("1 + 1").text == "2"
     finally:
         kernel.shutdown()
+
+
+def test_stopping_auto_shows_stopped_early(monkeypatch):
+    """Stop during Auto: the search returns its best plan so far (``complete=False``), the
+    editor shows it and says it stopped early."""
+    editor_module = importlib.import_module("shardlab.widgets.editor")
+    mesh = shardlab.mesh(data=2, model=4)
+    params = [(jnp.ones((64, 256)), jnp.ones((256, 64))) for _ in range(2)]
+    ed = shardlab.editor(jax.grad(loss), params, jnp.ones((32, 64)), mesh=mesh, compile=False)
+    real = editor_module.search
+
+    def search(*args, progress, **kwargs):
+        def pressing_stop(fraction, message):
+            if message.startswith("forest descent"):  # while the search is solving
+                ed.stop_button.click()
+            progress(fraction, message)
+
+        # the recursive method reports progress while it solves (the ILP does not)
+        return real(*args, **{**kwargs, "method": "recursive"}, progress=pressing_stop)
+
+    monkeypatch.setattr(editor_module, "search", search)
+    ed.auto().join(120)
+    assert ed.error is None
+    assert ed.status == "Auto: plan from method 'recursive' (stopped early: best plan so far)"
+    assert not ed.auto_button.disabled and ed.stop_button.disabled
 
 
 def test_constraints_on_intermediates_change_prediction_and_compile(model):

@@ -15,10 +15,12 @@ import threading
 from typing import Any
 
 import jax
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
+from ..parallel.plan.plan import Plan
 from ..parallel.records import COLLECTIVE_KINDS
-from ..parallel.specs import ShardingSpecError, spec_entries
+from ..parallel.search.driver import search
+from ..parallel.specs import ShardingSpecError, make_spec, spec_entries
 from ._html import KIND_COLORS, View, esc, fmt_bytes, fmt_time, panel, table
 from ._live import LiveDisplay, guarded
 from .editor_model import CompileResult, EditorModel, Evaluation, diff
@@ -306,22 +308,26 @@ class StrategyEditor:
         self.compiled, self.compiling = result, False
         self._refresh()
 
-    def apply(self, plan_or_specs: Any, *, refresh: bool = True) -> None:
-        """Shows a plan's input shardings (or a list of PartitionSpecs) in the editor."""
-        tree = getattr(plan_or_specs, "in_shardings", plan_or_specs)
-        leaves = jax.tree_util.tree_leaves(
-            tree, is_leaf=lambda x: isinstance(x, PartitionSpec) or hasattr(x, "spec")
-        )
-        specs = [getattr(s, "spec", s) for s in leaves]
+    def apply(self, plan_or_specs: Plan | Any, *, refresh: bool = True) -> None:
+        """Shows a plan's input layouts and constraints (or a pytree of PartitionSpecs or
+        NamedShardings) in the editor."""
+        if isinstance(plan_or_specs, Plan):
+            specs = [make_spec(layout) for layout in plan_or_specs.input_specs]
+        else:
+            leaves = jax.tree_util.tree_leaves(
+                plan_or_specs, is_leaf=lambda x: isinstance(x, (PartitionSpec, NamedSharding))
+            )
+            specs = [s.spec if isinstance(s, NamedSharding) else s for s in leaves]
         if len(specs) != len(self.model.leaves):
             raise ValueError(
                 f"the plan has {len(specs)} input shardings but the editor has "
                 f"{len(self.model.leaves)} leaves; was it made for another function?"
             )
-        intermediate = getattr(plan_or_specs, "intermediate_specs", None)
-        if intermediate is not None:  # the plan's constraints inside the function
+        if isinstance(plan_or_specs, Plan):  # the plan's constraints inside the function
             self.model.constraints = {
-                node: outs[0] for node, outs in intermediate().items() if outs and outs[0]
+                node: outs[0]
+                for node, outs in plan_or_specs.intermediate_specs().items()
+                if outs and outs[0]
             }
         self.model.set_all(specs)
         self.error = None
@@ -349,20 +355,18 @@ class StrategyEditor:
 
     def auto(self) -> threading.Thread:
         """Runs the strategy search in the background; Stop keeps the best plan so far."""
-        import shardlab
-
-        search = getattr(shardlab, "search", None)
-        if search is None:
-            raise RuntimeError("shardlab.search is not available in this version")
         self._stop.clear()
         self.auto_button.disabled, self.stop_button.disabled = True, False
         self.status = "searching…"
         self._refresh()
+        interrupted = threading.Event()
 
         def progress(fraction: float, message: str) -> None:
             self.progress.value = max(0.0, min(1.0, float(fraction)))
             self.progress.description = "search"
-            if self._stop.is_set():
+            # Once: the search returns its best plan so far and reports on to the end.
+            if self._stop.is_set() and not interrupted.is_set():
+                interrupted.set()
                 raise KeyboardInterrupt
 
         def job() -> None:
@@ -372,15 +376,13 @@ class StrategyEditor:
                     device=self.model.device, progress=progress,
                 )  # fmt: skip
                 self.apply(plan, refresh=False)
-                method = getattr(plan, "method", "auto")
-                partial = (
-                    " (stopped early: best plan so far)"
-                    if getattr(plan, "interrupted", False)
-                    else ""
-                )
-                self.status = f"Auto: plan from method {method!r}{partial}"
+                partial = "" if plan.complete else " (stopped early: best plan so far)"
+                self.status = f"Auto: plan from method {plan.method!r}{partial}"
                 self.progress.value = 1.0
                 self._after_edit()
+            except KeyboardInterrupt:  # stopped before the search had a plan
+                self.status = "Auto: stopped before the search had a plan"
+                self._refresh()
             except Exception as error:  # shown in the editor
                 self._show_error(f"{type(error).__name__}: {error}")
             finally:
