@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..parallel.plan.plan import VIEWERS, Plan
 from ..parallel.records import COLLECTIVE_KINDS, Collective, CostBreakdown, Report
 from ._html import KIND_COLORS, Raw, View, error_html, esc, fmt_bytes, panel, table
 
@@ -243,9 +244,9 @@ def commgraph(
     return CommGraphView(actual, predicted, notes=notes)
 
 
-def plan_view(plan: Any) -> CommGraphView:
+def plan_view(plan: Plan) -> CommGraphView:
     """``plan.show()``: the plan's predicted cost beside its compiled program."""
-    notes = [*getattr(plan, "notes", ())]
+    notes = [*plan.notes]
     try:
         actual = plan.verify()
     except Exception as error:  # the prediction still stands on its own
@@ -255,8 +256,6 @@ def plan_view(plan: Any) -> CommGraphView:
 
 
 def _register() -> None:
-    from ..parallel.plan.plan import VIEWERS
-
     VIEWERS["plan"] = plan_view
 
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..parallel.cost.schedule import Event, Timeline, measure, schedule
+from ..parallel.plan.plan import Plan
 from ._html import KIND_COLORS, View, esc, fmt_time, panel
 
 WIDTH = 860
@@ -140,10 +141,10 @@ def timeline(
         device: the device profile for the model (default: by backend).
     """
     fn = plan_or_fn
-    if hasattr(plan_or_fn, "function") and hasattr(plan_or_fn, "in_shardings"):
-        plan = plan_or_fn  # its function with the intermediate constraints inserted
-        fn, args, mesh = plan.function(), tuple(plan.binding.args), plan.mesh
-        in_shardings = plan.in_shardings
+    if isinstance(plan_or_fn, Plan):  # its function with the intermediate constraints inserted
+        fn, mesh, in_shardings = plan_or_fn.function(), plan_or_fn.mesh, plan_or_fn.in_shardings
+        assert plan_or_fn.binding is not None  # function() raises for an unbound plan
+        args = tuple(plan_or_fn.binding.args)
     if mesh is None:
         raise ValueError("timeline(fn, *args, mesh=..., in_shardings=...) needs a mesh")
     notes = []
