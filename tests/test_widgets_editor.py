@@ -135,9 +135,10 @@ def test_editor_widget_in_a_kernel():
         shown = kernel.ok("ed")
         ident = next(d["transient"]["display_id"] for d in shown.displays if d.get("transient"))
         all_dropdowns = [
-            o for o in created.comm_opens
+            o
+            for o in created.comm_opens
             if o["data"].get("state", {}).get("_model_name") == "DropdownModel"
-        ]  # fmt: skip
+        ]
         # inputs first (4 weights × 2 dims + x's 2 dims), then the intermediates' dims
         assert len(all_dropdowns) > 2 * 2 * 2 + 2
         dropdowns = all_dropdowns[:10]

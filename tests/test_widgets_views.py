@@ -67,8 +67,17 @@ def test_layout_of_many_tiles_degrades_to_a_summary():
     from shardlab.parallel.compiled.tiles import Tile, TileMap
 
     tiles = tuple(Tile(((i, i + 1),), (i,), ((i,),)) for i in range(MAX_TILES + 1))
-    record = TileMap((MAX_TILES + 1,), "float32", 4, "P('d')", (("d",),), (("d", MAX_TILES + 1),),
-                     (), (1,), tiles)  # fmt: skip
+    record = TileMap(
+        (MAX_TILES + 1,),
+        "float32",
+        4,
+        "P('d')",
+        (("d",),),
+        (("d", MAX_TILES + 1),),
+        (),
+        (1,),
+        tiles,
+    )
     html = LayoutView(record).html()
     assert "sl-summary" in html and str(MAX_TILES) in html and "sl-tile" not in html
 
@@ -86,8 +95,9 @@ def test_commgraph_predicted_and_actual_side_by_side(mesh24):
 
     params = [(jnp.ones((64, 256)), jnp.ones((256, 64))) for _ in range(3)]
     specs = ([(P(None, "model"), P("model", None))] * 3, P("data", None))
-    view = shardlab.commgraph(jax.grad(loss), params, jnp.ones((32, 64)), mesh=mesh24,
-                              in_shardings=specs)  # fmt: skip
+    view = shardlab.commgraph(
+        jax.grad(loss), params, jnp.ones((32, 64)), mesh=mesh24, in_shardings=specs
+    )
     assert isinstance(view, CommGraphView) and view.actual is not None
     actual_total = sum(c.wire_bytes * c.count for c in view.actual.collectives)
     assert actual_total == pytest.approx(view.actual.total_comm_bytes)
@@ -101,8 +111,9 @@ def test_commgraph_predicted_and_actual_side_by_side(mesh24):
 
 
 def test_commgraph_bad_spec_is_an_inline_error(mesh24):
-    view = shardlab.commgraph(lambda x: x * 2, jnp.ones((6, 4)), mesh=mesh24,
-                              in_shardings=(P("model"),))  # fmt: skip
+    view = shardlab.commgraph(
+        lambda x: x * 2, jnp.ones((6, 4)), mesh=mesh24, in_shardings=(P("model"),)
+    )
     assert "sl-error" in view.html() and "not divisible" in view.text()
 
 

@@ -11,10 +11,23 @@ from typing import Any
 
 # Colour-blind-friendly palette (Okabe-Ito, then Tableau 10) for device groups / kinds.
 PALETTE = (
-    "#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7",
-    "#4E79A7", "#F28E2B", "#59A14F", "#EDC948", "#B07AA1", "#FF9DA7", "#9C755F",
-    "#76B7B2", "#BAB0AC",
-)  # fmt: skip
+    "#E69F00",
+    "#56B4E9",
+    "#009E73",
+    "#F0E442",
+    "#0072B2",
+    "#D55E00",
+    "#CC79A7",
+    "#4E79A7",
+    "#F28E2B",
+    "#59A14F",
+    "#EDC948",
+    "#B07AA1",
+    "#FF9DA7",
+    "#9C755F",
+    "#76B7B2",
+    "#BAB0AC",
+)
 KIND_COLORS = {
     "all-reduce": "#D55E00",
     "all-gather": "#0072B2",

@@ -180,12 +180,19 @@ class CommGraphView(View):
         )
         if self.actual is not None and self.actual.collectives:
             group_rows = [
-                [c.source or "?", _scope(c.op_name) or c.op_name.split("/")[-1] or "?",
-                 Raw(f"<span style='color:{KIND_COLORS.get(c.kind, '#888')}'>■</span> "
-                     f"{esc(c.kind)}"),
-                 _axes(c), fmt_bytes(c.bytes), f"×{n}"]
+                [
+                    c.source or "?",
+                    _scope(c.op_name) or c.op_name.split("/")[-1] or "?",
+                    Raw(
+                        f"<span style='color:{KIND_COLORS.get(c.kind, '#888')}'>■</span> "
+                        f"{esc(c.kind)}"
+                    ),
+                    _axes(c),
+                    fmt_bytes(c.bytes),
+                    f"×{n}",
+                ]
                 for c, n in _grouped(self.actual.collectives)
-            ]  # fmt: skip
+            ]
             parts.append(
                 "<b>by source line</b> (repeats collapsed)"
                 + table(["source", "scope", "kind", "axes", "bytes", "times"], group_rows, left=4)
@@ -235,9 +242,13 @@ def commgraph(
     if predict:
         try:
             predicted = predict_cost(
-                fn, *args, mesh=mesh, in_shardings=in_shardings, out_shardings=out_shardings,
+                fn,
+                *args,
+                mesh=mesh,
+                in_shardings=in_shardings,
+                out_shardings=out_shardings,
                 device=device,
-            )  # fmt: skip
+            )
             notes.extend(predicted.warnings)
         except Exception as error:  # the compiled figures still stand on their own
             notes.append(f"no prediction: {type(error).__name__}: {error}")

@@ -150,9 +150,14 @@ class StrategyEditor:
     """The editor widget: controls (stock ipywidgets) over a live figures display."""
 
     def __init__(
-        self, fn: Any, *args: Any, mesh: Any, in_shardings: Any = None, device: Any = None,
+        self,
+        fn: Any,
+        *args: Any,
+        mesh: Any,
+        in_shardings: Any = None,
+        device: Any = None,
         compile: bool = True,
-    ) -> None:  # fmt: skip
+    ) -> None:
         import ipywidgets as w
 
         self.model = EditorModel(fn, args, mesh, device)
@@ -198,9 +203,14 @@ class StrategyEditor:
         self.reset_button.on_click(guarded(lambda _: self.reset(), self._show_error))
         self.export_button.on_click(guarded(lambda _: self.export(), self._show_error))
         buttons = w.HBox(
-            [self.auto_button, self.stop_button, self.reset_button, self.export_button,
-             self.progress]
-        )  # fmt: skip
+            [
+                self.auto_button,
+                self.stop_button,
+                self.reset_button,
+                self.export_button,
+                self.progress,
+            ]
+        )
         self.controls = w.VBox([*rows, self.intermediates, buttons])
         initial = self._initial_specs(in_shardings)
         self.initial = initial
@@ -215,9 +225,12 @@ class StrategyEditor:
         dropdowns = []
         for dim in range(len(shape)):
             dropdown = w.Dropdown(
-                options=options, value=(), description=f"dim {dim} ({shape[dim]})",
-                style={"description_width": "initial"}, layout=w.Layout(width="170px"),
-            )  # fmt: skip
+                options=options,
+                value=(),
+                description=f"dim {dim} ({shape[dim]})",
+                style={"description_width": "initial"},
+                layout=w.Layout(width="170px"),
+            )
             dropdown.observe(guarded(handler_for(dim), self._show_error), names="value")
             dropdowns.append(dropdown)
         return dropdowns
@@ -372,9 +385,13 @@ class StrategyEditor:
         def job() -> None:
             try:
                 plan = search(
-                    self.model.fn, *self.model.args, mesh=self.model.mesh, method="auto",
-                    device=self.model.device, progress=progress,
-                )  # fmt: skip
+                    self.model.fn,
+                    *self.model.args,
+                    mesh=self.model.mesh,
+                    method="auto",
+                    device=self.model.device,
+                    progress=progress,
+                )
                 self.apply(plan, refresh=False)
                 partial = "" if plan.complete else " (stopped early: best plan so far)"
                 self.status = f"Auto: plan from method {plan.method!r}{partial}"
@@ -397,9 +414,14 @@ class StrategyEditor:
         current, previous = self.model.current, self.model.previous
         changes = diff(previous.cost if previous else None, current.cost) if current else []
         return EditorView(
-            current, changes=changes, compiled=self.compiled, compiling=self.compiling,
-            error=self.error, code=self.code, status=self.status,
-        )  # fmt: skip
+            current,
+            changes=changes,
+            compiled=self.compiled,
+            compiling=self.compiling,
+            error=self.error,
+            code=self.code,
+            status=self.status,
+        )
 
     def _refresh(self) -> None:
         if self.display.shown:
@@ -417,9 +439,13 @@ class StrategyEditor:
 
 
 def editor(
-    fn: Any, *args: Any, mesh: Any, in_shardings: Any = None, device: Any = None,
+    fn: Any,
+    *args: Any,
+    mesh: Any,
+    in_shardings: Any = None,
+    device: Any = None,
     compile: bool = True,
-) -> StrategyEditor:  # fmt: skip
+) -> StrategyEditor:
     """An interactive sharding-strategy editor for ``fn(*args)`` on ``mesh``."""
     return StrategyEditor(
         fn, *args, mesh=mesh, in_shardings=in_shardings, device=device, compile=compile

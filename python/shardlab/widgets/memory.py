@@ -106,10 +106,15 @@ class MemoryView(View):
             for d, b in per_device.items()
         )
         rows = [
-            [e.name, f"{e.dtype}{list(e.shape)}", Raw(f"<code>{esc(e.spec)}</code>"),
-             fmt_bytes(e.bytes_total), fmt_bytes(e.bytes_per_device)]
+            [
+                e.name,
+                f"{e.dtype}{list(e.shape)}",
+                Raw(f"<code>{esc(e.spec)}</code>"),
+                fmt_bytes(e.bytes_total),
+                fmt_bytes(e.bytes_per_device),
+            ]
             for e in self.snap.arrays
-        ]  # fmt: skip
+        ]
         largest = table(["name", "array", "sharding", "total", "per device"], rows, left=3)
         total = sum(per_device.values())
         head = (
