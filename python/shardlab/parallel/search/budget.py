@@ -9,7 +9,7 @@ checks the final plan on the compiled program when the graph is small.
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.cost.memory import peak_points
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.search.choice import memory_of, peak_buffers, space_liveness
-from shardlab.parallel.search.methods import Best, run_method
+from shardlab.parallel.search.methods import Solver
 from shardlab.parallel.search.space import Space
 
 
@@ -63,98 +63,79 @@ def _memory_row(space: Space, held: frozenset[int], budget: float):
     return coeffs, budget
 
 
-def budget_solver(space: Space, budget: float, notes: list[str], n_batch: int, seeds):
-    """A solver that meets ``budget``: the plain optimum if it fits, else the cheapest of
+def solve_within_budget(
+    solver: Solver,
+    method: str,
+    budget: float,
+    *,
+    time_limit: float,
+    seeds: Callable[[], list[tuple[str, list[int]]]],
+) -> tuple[list[int], bool | None]:
+    """A choice that meets ``budget``: the plain optimum if it fits, else the cheapest of
     what fits among ILP memory rows (with cuts), a Lagrangian memory penalty and the
-    baselines mapped into the space (``seeds()``)."""
+    baselines mapped into the space (``seeds()``).
 
-    def solve(method: str, best: Best, time_limit: float, report) -> tuple[list[int], Any]:
-        def fits(choice: list[int]) -> float:
-            return memory_of(space, choice)
+    Raises:
+        SearchError: nothing fits (the message gives the smallest memory reached).
+    """
+    space, notes = solver.space, solver.notes
 
-        choice, optimal = run_method(
-            space,
-            method,
-            best,
-            time_limit=time_limit,
-            extra=None,
-            memory_rows=[],
-            report=report,
-            notes=notes,
-            n_batch_leaves=n_batch,
-        )
-        if fits(choice) <= budget:
-            return choice, optimal
-        smallest = fits(choice)
-        found: list[tuple[float, list[int], Any, str]] = []
-        if method == "ilp":
-            # Rows at the replicated profile's peaks, then a cut at each solution's own peak
-            # until the solution fits (the peak moves with the layouts).
-            # One time limit for all the cuts together.
-            rows = _memory_rows(space, budget)
-            deadline = time.perf_counter() + time_limit
-            for _ in range(8):
-                left = deadline - time.perf_counter()
-                if left < 0.5:
-                    break
-                choice, optimal = run_method(
-                    space,
-                    method,
-                    best,
-                    time_limit=left,
-                    extra=None,
-                    memory_rows=rows,
-                    report=report,
-                    notes=notes,
-                )
-                mem = fits(choice)
-                smallest = min(smallest, mem)
-                if mem <= budget:
-                    found.append(
-                        (space.total(choice), choice, optimal, f"{len(rows)} ILP memory rows")
-                    )
-                    break
-                rows.append(_memory_row(space, peak_buffers(space, choice), budget))
-        # Lagrangian: trade seconds for bytes until the plan fits.
-        lam = 1e-3 * max(1e-12, space.total(choice)) / max(1.0, fits(choice))
-        for _ in range(40 if not found else 0):
-            extra = _memory_penalty(space, lam)
-            trial, _ = run_method(
-                space,
-                "recursive" if method == "ilp" else method,
-                best,
-                time_limit=time_limit,
-                extra=extra,
-                memory_rows=[],
-                report=report,
-                notes=[],
-                n_batch_leaves=n_batch,
-            )
-            mem = fits(trial)
-            smallest = min(smallest, mem)
-            if mem <= budget:
-                found.append(
-                    (space.total(trial), trial, False, f"a memory penalty (λ={lam:.3g} s/B)")
-                )
+    def fits(choice: list[int]) -> float:
+        return memory_of(space, choice)
+
+    choice, optimal = solver.run(method, time_limit=time_limit)
+    if fits(choice) <= budget:
+        return choice, optimal
+    smallest = fits(choice)
+    found: list[tuple[float, list[int], bool | None, str]] = []
+    if method == "ilp":
+        # Rows at the replicated profile's peaks, then a cut at each solution's own peak
+        # until the solution fits (the peak moves with the layouts).
+        # One time limit for all the cuts together.
+        rows = _memory_rows(space, budget)
+        deadline = time.perf_counter() + time_limit
+        for _ in range(8):
+            left = deadline - time.perf_counter()
+            if left < 0.5:
                 break
-            lam *= 3.0
-        for name, seed in seeds():
-            mem = fits(seed)
+            choice, optimal = solver.run(method, time_limit=left, memory_rows=rows)
+            mem = fits(choice)
             smallest = min(smallest, mem)
             if mem <= budget:
-                found.append((space.total(seed), seed, False, f"the {name} baseline's layouts"))
-        if found:
-            _, choice, optimal, how = min(found, key=lambda f: f[0])
-            notes.append(
-                f"memory budget {budget:.0f} B met with {how}"
-                + ("" if optimal else "; not proven optimal under the budget")
-            )
-            return choice, optimal
-        raise SearchError(
-            f"no plan fits memory_budget={budget:.0f} bytes per device; the smallest "
-            f"per-device memory the search reached is {smallest:.0f} bytes "
-            f"({smallest / 2**20:.2f} MiB). Raise the budget to at least that, or use a "
-            "larger mesh."
+                found.append((space.total(choice), choice, optimal, f"{len(rows)} ILP memory rows"))
+                break
+            rows.append(_memory_row(space, peak_buffers(space, choice), budget))
+    # Lagrangian: trade seconds for bytes until the plan fits.
+    lam = 1e-3 * max(1e-12, space.total(choice)) / max(1.0, fits(choice))
+    for _ in range(40 if not found else 0):
+        extra = _memory_penalty(space, lam)
+        trial, _ = solver.run(
+            "recursive" if method == "ilp" else method,
+            time_limit=time_limit,
+            extra=extra,
+            quiet=True,
         )
-
-    return solve
+        mem = fits(trial)
+        smallest = min(smallest, mem)
+        if mem <= budget:
+            found.append((space.total(trial), trial, False, f"a memory penalty (λ={lam:.3g} s/B)"))
+            break
+        lam *= 3.0
+    for name, seed in seeds():
+        mem = fits(seed)
+        smallest = min(smallest, mem)
+        if mem <= budget:
+            found.append((space.total(seed), seed, False, f"the {name} baseline's layouts"))
+    if found:
+        _, choice, optimal, how = min(found, key=lambda f: f[0])
+        notes.append(
+            f"memory budget {budget:.0f} B met with {how}"
+            + ("" if optimal else "; not proven optimal under the budget")
+        )
+        return choice, optimal
+    raise SearchError(
+        f"no plan fits memory_budget={budget:.0f} bytes per device; the smallest "
+        f"per-device memory the search reached is {smallest:.0f} bytes "
+        f"({smallest / 2**20:.2f} MiB). Raise the budget to at least that, or use a "
+        "larger mesh."
+    )

@@ -25,14 +25,14 @@ from shardlab.parallel.plan.binding import Binding
 from shardlab.parallel.plan.plan import Plan
 from shardlab.parallel.search.annotations import resolve_annotations
 from shardlab.parallel.search.baselines import baselines
-from shardlab.parallel.search.budget import budget_solver
+from shardlab.parallel.search.budget import solve_within_budget
 from shardlab.parallel.search.build import build_space
 from shardlab.parallel.search.choice import (
     choice_from_layouts,
     make_plan,
 )
 from shardlab.parallel.search.ilp import ilp_size
-from shardlab.parallel.search.methods import Best, run_method
+from shardlab.parallel.search.methods import Best, Solver
 from shardlab.parallel.search.scan_ties import tie_scan_choices
 from shardlab.parallel.search.space import Space
 
@@ -116,29 +116,19 @@ def search(
     budget_bytes = float("inf") if memory_budget is None else float(memory_budget)
     for attempt in range(3 if verify_budget else 1):
         best = Best(space)
+        solver = Solver(space, best, report, notes, n_batch)
         complete, optimal = True, None
         try:
             if target is not None:
-                solve = budget_solver(
-                    space,
-                    target,
-                    notes,
-                    n_batch,
-                    lambda: _baseline_seeds(problem, space),
-                )
-                choice, optimal = solve(used, best, time_limit, report)
-            else:
-                choice, optimal = run_method(
-                    space,
+                choice, optimal = solve_within_budget(
+                    solver,
                     used,
-                    best,
+                    target,
                     time_limit=time_limit,
-                    extra=None,
-                    memory_rows=[],
-                    report=report,
-                    notes=notes,
-                    n_batch_leaves=n_batch,
+                    seeds=lambda: _baseline_seeds(problem, space),
                 )
+            else:
+                choice, optimal = solver.run(used, time_limit=time_limit)
         except KeyboardInterrupt:
             choice, complete, optimal = best.choice, False, False
             notes.append("interrupted: the best plan found so far (not complete)")

@@ -11,7 +11,8 @@ interrupt returns.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -60,35 +61,48 @@ def batch_seeds(space: Space, n_batch_leaves: int) -> list[dict[int, int]]:
     return seeds
 
 
-def run_method(
-    space: Space,
-    method: str,
-    best: Best,
-    *,
-    time_limit: float,
-    extra: list[np.ndarray] | None,
-    memory_rows: list[tuple[list[np.ndarray], float]],
-    report: Callable[[float, str], None],
-    notes: list[str],
-    n_batch_leaves: int = 0,
-) -> tuple[list[int], bool | None]:
-    if method == "propagate":
-        return solve_recursive(space, extra=extra, keep=best.keep, starts="greedy"), None
-    if method == "recursive":
-        seeds = batch_seeds(space, n_batch_leaves)
+@dataclasses.dataclass
+class Solver:
+    """A space and what every run of a method on it shares: the best assignment so far,
+    the progress callback, the notes the plan will carry, and how many argument leaves are
+    the batch (the recursive method's seeds)."""
 
-        def on_sweep(i: int) -> None:  # the number of steps is not known in advance
-            report(0.4 + 0.5 * i / (i + 2), f"forest descent step {i}")
+    space: Space
+    best: Best
+    report: Callable[[float, str], None]
+    notes: list[str]
+    n_batch_leaves: int = 0
 
-        return solve_recursive(
-            space, extra=extra, on_sweep=on_sweep, keep=best.keep, seeds=seeds
-        ), None
-    result = solve_ilp(space, time_limit=time_limit, memory_rows=memory_rows)
-    notes.append(
-        f"ilp: {result.variables} variables, {result.message.strip()}"
-        + ("" if result.optimal else " (not proven optimal)")
-    )
-    if result.choice is None:
-        notes.append("ilp found no feasible point in time: recursive result used instead")
-        return solve_recursive(space, extra=extra, keep=best.keep), False
-    return result.choice, result.optimal
+    def run(
+        self,
+        method: str,
+        *,
+        time_limit: float,
+        extra: list[np.ndarray] | None = None,
+        memory_rows: Sequence[tuple[list[np.ndarray], float]] = (),
+        quiet: bool = False,
+    ) -> tuple[list[int], bool | None]:
+        """One method's choice and whether it is proven optimal (``None``: not an exact
+        method). ``extra``: per-unit costs added (a memory penalty); ``memory_rows``: linear
+        memory constraints for the ILP; ``quiet``: add no notes."""
+        space, keep = self.space, self.best.keep
+        notes = [] if quiet else self.notes
+        if method == "propagate":
+            return solve_recursive(space, extra=extra, keep=keep, starts="greedy"), None
+        if method == "recursive":
+            seeds = batch_seeds(space, self.n_batch_leaves)
+
+            def on_sweep(i: int) -> None:  # the number of steps is not known in advance
+                self.report(0.4 + 0.5 * i / (i + 2), f"forest descent step {i}")
+
+            choice = solve_recursive(space, extra=extra, on_sweep=on_sweep, keep=keep, seeds=seeds)
+            return choice, None
+        result = solve_ilp(space, time_limit=time_limit, memory_rows=list(memory_rows))
+        notes.append(
+            f"ilp: {result.variables} variables, {result.message.strip()}"
+            + ("" if result.optimal else " (not proven optimal)")
+        )
+        if result.choice is None:
+            notes.append("ilp found no feasible point in time: recursive result used instead")
+            return solve_recursive(space, extra=extra, keep=keep), False
+        return result.choice, result.optimal
