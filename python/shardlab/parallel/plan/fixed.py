@@ -66,21 +66,15 @@ def fixed_plan(
         o if o is not None else (prop.layouts[v] or L.replicated(len(g.shapes[v])))
         for o, v in zip(outs, g.outputs, strict=True)
     )
-    return Plan(
+    return Plan.of_binding(
+        Binding(traced, mesh),
         method=method,
-        mesh_shape=dict(sizes),
-        input_paths=traced.paths,
-        input_shapes=tuple(tuple(s) for s in traced.input_shapes()),
-        input_specs=tuple(ins),
-        output_shapes=tuple(tuple(g.shapes[v]) for v in g.outputs),
+        input_specs=ins,
         output_specs=out_specs,
+        cost=cost,
         constraints=tuple(
             (i, g.nodes[i].primitive, (lay,)) for i, lay in sorted((constraints or {}).items())
         ),
-        operand_constraints=(),
-        cost=cost,
         search_time=time.perf_counter() - start,
-        fingerprint=traced.fingerprint,
         notes=tuple(notes),
-        binding=Binding(traced, mesh),
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -24,6 +24,7 @@ from shardlab.parallel.cost.profiles import comm_time
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.graph.interpret import interpreter
 from shardlab.parallel.graph.trace import Traced, trace
+from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.plan.binding import Binding, checked_binding
 from shardlab.parallel.plan.io import FORMAT, plan_fields
 from shardlab.parallel.records import CostBreakdown, PlanRow, Report, _Record
@@ -73,6 +74,38 @@ class Plan(_Record):
     notes: tuple[str, ...] = ()
     memory_budget: int | None = None
     binding: Binding | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of_binding(
+        cls,
+        binding: Binding,
+        *,
+        method: str,
+        input_specs: Sequence[L.DimAxes],
+        output_specs: Sequence[L.DimAxes],
+        cost: CostBreakdown,
+        constraints: tuple[tuple[int, str, tuple[L.DimAxes | None, ...]], ...] = (),
+        operand_constraints: tuple[tuple[int, int, L.DimAxes], ...] = (),
+        **fields: Any,
+    ) -> Plan:
+        """A plan for a bound function: the mesh, argument paths and shapes, output shapes
+        and fingerprint come from the binding (searched and hand-specified plans alike)."""
+        g = binding.graph
+        return cls(
+            method=method,
+            mesh_shape=mesh_shape_of(binding.mesh),
+            input_paths=binding.traced.paths,
+            input_shapes=tuple(tuple(s) for s in binding.traced.input_shapes()),
+            input_specs=tuple(input_specs),
+            output_shapes=tuple(tuple(g.shapes[v]) for v in g.outputs),
+            output_specs=tuple(output_specs),
+            cost=cost,
+            fingerprint=binding.traced.fingerprint,
+            binding=binding,
+            constraints=constraints,
+            operand_constraints=operand_constraints,
+            **fields,
+        )
 
     # -- shardings -----------------------------------------------------------------------
     def _bound(self) -> Binding:

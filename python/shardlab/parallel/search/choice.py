@@ -13,7 +13,6 @@ import dataclasses
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -22,6 +21,7 @@ from shardlab.parallel.cost.combine import combine_all_reduces
 from shardlab.parallel.cost.memory import Liveness, device_memory, held_at_peak, liveness
 from shardlab.parallel.cost.profiles import wire_bytes
 from shardlab.parallel.graph.rules import RULES
+from shardlab.parallel.plan.binding import Binding
 from shardlab.parallel.plan.plan import Plan
 from shardlab.parallel.records import Collective, CostBreakdown, DeviceMemoryEstimate, PlanRow
 from shardlab.parallel.search.space import Space, is_follower
@@ -252,15 +252,13 @@ def _constraints(space: Space, choice: list[int], lays: dict[int, L.DimAxes]):
 def make_plan(
     space: Space,
     choice: list[int],
-    binding: Any,
+    binding: Binding,
     *,
     method: str,
-    paths: list[str],
     optimal: bool | None,
     complete: bool,
     notes: list[str],
     memory_budget: float | None,
-    fingerprint: str,
     start: float,
 ) -> Plan:
     """The ``Plan`` record of a choice."""
@@ -279,24 +277,19 @@ def make_plan(
         notes.append(
             f"predicted {cost.memory.peak} B/device exceeds the budget {memory_budget:.0f} B"
         )
-    plan = Plan(
+    plan = Plan.of_binding(
+        binding,
         method=method,
-        mesh_shape=dict(space.sizes),
-        input_paths=tuple(paths),
-        input_shapes=tuple(tuple(g.shapes[v]) for v in g.inputs),
         input_specs=ins,
-        output_shapes=tuple(tuple(g.shapes[v]) for v in g.outputs),
-        output_specs=tuple(outs),
+        output_specs=outs,
+        cost=cost,
         constraints=constraints,
         operand_constraints=operands,
-        cost=cost,
         optimal=optimal,
         complete=complete,
-        fingerprint=fingerprint,
-        rows=_rows(space, choice, paths),
+        rows=_rows(space, choice, list(binding.traced.paths)),
         notes=tuple(notes),
         memory_budget=None if memory_budget is None else int(memory_budget),
-        binding=binding,
     )
     return dataclasses.replace(plan, search_time=time.perf_counter() - start)
 

@@ -145,12 +145,10 @@ def search(
             choice,
             Binding(traced, mesh),
             method=used if method != "auto" else f"auto:{used}",
-            paths=list(traced.paths),
             optimal=optimal,
             complete=complete,
             notes=list(notes),
             memory_budget=memory_budget,
-            fingerprint=traced.fingerprint,
             start=start,
         )
         if method == "auto" and complete and not annotations:
