@@ -96,6 +96,7 @@ class EditorModel:
         self.specs = [PartitionSpec() for _ in self.leaves]
         self._lock = threading.Lock()
         self._latest_compile: CompileResult | None = None
+        self._functions: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self.intermediates = self._intermediates()
 
     def _intermediates(self) -> tuple[Intermediate, ...]:
@@ -214,7 +215,7 @@ class EditorModel:
             try:
                 # The plan's function: the traced graph re-evaluated with the constraints
                 # inserted. Output layouts are left to XLA (in_shardings only).
-                fn = self._plan(specs, constraints).function()
+                fn = self._function(specs, constraints)
                 result.report = analyze(
                     fn, *self.args, mesh=self.mesh, in_shardings=self.in_shardings(specs)
                 )
@@ -256,6 +257,21 @@ class EditorModel:
             tie_outputs=False,
             notes=("set by hand in the strategy editor (shardlab.editor)",),
         )
+
+    def _function(
+        self, specs: list[PartitionSpec], constraints: dict[int, PartitionSpec]
+    ) -> Callable[..., Any]:
+        """``plan.function()`` of this strategy, one per set of constraints: it does not
+        depend on the argument layouts, and the same function lets JAX reuse its compile of
+        a strategy compiled before (Reset, an edit undone)."""
+        key = tuple(sorted(constraints.items()))
+        with self._lock:
+            fn = self._functions.get(key)
+        if fn is None:
+            fn = self._plan(specs, constraints).function()
+            with self._lock:
+                fn = self._functions.setdefault(key, fn)
+        return fn
 
     def code(self) -> str:
         """Python source with the PartitionSpecs of the current strategy, ready to paste
