@@ -34,7 +34,7 @@ def leaf_is_param(model: EditorModel, index: int) -> bool:
 
 
 def run() -> str:
-    from shardlab.bench.models import gpt
+    from shardlab.examples import gpt
 
     case = gpt(4)
     mesh = make_mesh(data=2, model=4)
@@ -68,7 +68,7 @@ def run() -> str:
         "## Strategy editor latency (issue 4)",
         "",
         "Command: `make bench` (section `shardlab.bench.editor`). A 4-layer GPT-style train "
-        "step (`shardlab.bench.models.gpt(4)`: embedding, attention, MLP, layer norm; SGD with "
+        "step (`shardlab.examples.gpt(4)`: embedding, attention, MLP, layer norm; SGD with "
         "momentum) on a 2×4 mesh of simulated CPU devices. An edit splits or unsplits one MLP "
         "weight over `model`; medians.",
         "",
