@@ -199,7 +199,7 @@ SUBSET = [
 
 @pytest.mark.parametrize(("model", "shape", "strategy"), SUBSET)
 def test_predict_matches_compiled_within_5_percent(model, shape, strategy):
-    st = next(s for s in fidelity.strategies_for(shape) if s.name == strategy)
+    st = next(s for s in fidelity.layouts_for(shape) if s.name == strategy)
     rows = fidelity.compare(model, shape, st)
     assert any(r.actual > 0 for r in rows)
     for r in rows:
@@ -209,7 +209,7 @@ def test_predict_matches_compiled_within_5_percent(model, shape, strategy):
 
 def test_sharded_train_step_equals_unsharded():
     m = sp.mesh(data=2, model=4)
-    st = fidelity.Strategy("dp+megatron", batch=("data",), model="model")
+    st = fidelity.FidelityLayout("dp+megatron", batch=("data",), model="model")
     step, args, specs = fidelity.train_case("gpt-layer", m, st)
     key = jax.random.key(0)
     args = jax.tree.map(lambda a: a + 0.01 * jax.random.normal(key, a.shape), args)
@@ -227,9 +227,8 @@ def test_sharded_train_step_equals_unsharded():
 
 def test_graph_and_prediction_of_a_deep_model_are_fast():
     m = sp.mesh(data=2, model=4)
-    st = fidelity.Strategy("dp+megatron", batch=("data",), model="model")
-    ctx = fidelity._Ctx(m, st)
-    params, specs, batch, batch_specs, loss = fidelity.gpt_layer(ctx)
+    st = fidelity.FidelityLayout("dp+megatron", batch=("data",), model="model")
+    params, specs, batch, batch_specs, loss = fidelity.sharded_model("gpt-layer", m, st)
     layers = 8
 
     def deep(ps, xy):

@@ -1,8 +1,9 @@
 """Fidelity of the cost model: predicted vs compiled communication, per collective kind.
 
-For fully specified strategies (every intermediate constrained with
-``with_sharding_constraint``, gradients and optimizer updates too) on three small models,
-``shardlab.predict`` (no compilation) is compared with ``shardlab.analyze`` (the compiled HLO).
+For fully specified layouts (``FidelityLayout``: every intermediate constrained with
+``with_sharding_constraint``, gradients and optimizer updates too) on three small models
+(``shardlab.examples.mlp_layer``, ``gpt_layer``, ``conv_layer``), ``shardlab.predict`` (no
+compilation) is compared with ``shardlab.analyze`` (the compiled HLO).
 
 Run: ``make bench`` or ``python -m shardlab.bench.fidelity``.
 """
@@ -20,17 +21,19 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardlab.examples import Case, Shard, conv_layer, gpt_layer, mlp_layer
 from shardlab.parallel import analyze, predict
 from shardlab.parallel.mesh import mesh as make_mesh
 from shardlab.parallel.records import COLLECTIVE_KINDS
 
 
 @dataclasses.dataclass(frozen=True)
-class Strategy:
-    """A fully specified strategy, by the axes each kind of parallelism uses.
+class FidelityLayout:
+    """A fully specified layout of one benchmark case, by the axes each kind of parallelism
+    uses.
 
     Attributes:
-        name: short label.
+        name: short label (the table's ``strategy`` column).
         batch: mesh axes the batch dimension is split over (data parallel).
         model: the mesh axis of Megatron tensor parallelism (``None``: none).
         zero: shard the optimizer state (and gradients) over the ``batch`` axes.
@@ -42,139 +45,119 @@ class Strategy:
     zero: bool = False
 
 
-class _Ctx:
-    """Spec helpers bound to one mesh and strategy."""
+class _Shardings:
+    """One layout on one mesh: logical axes (``"batch"``, ``"model"``) to mesh specs, and the
+    sharding hook (``shardlab.examples.Shard``) that constrains every intermediate."""
 
-    def __init__(self, mesh: Mesh, s: Strategy):
-        self.mesh, self.s = mesh, s
-        self.b = s.batch if len(s.batch) != 1 else s.batch[0]
-        self.b = self.b or None
-        self.m = s.model
+    def __init__(self, mesh: Mesh, layout: FidelityLayout) -> None:
+        self.mesh, self.layout = mesh, layout
+        batch = layout.batch if len(layout.batch) != 1 else layout.batch[0]
+        self.axes: dict[str | None, Any] = {
+            None: None,
+            "batch": batch or None,
+            "model": layout.model,
+        }
 
-    def c(self, x: jax.Array, *spec: Any) -> jax.Array:
+    def spec(self, *axes: str | None) -> P:
+        """The mesh spec of logical axes."""
+        return P(*(self.axes[a] for a in axes))
+
+    def constrain(self, x: jax.Array, spec: P) -> jax.Array:
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, P(*spec)))
+
+    def __call__(self, x: jax.Array, *axes: str | None) -> jax.Array:
+        return self.constrain(x, self.spec(*axes))
 
     def zero_spec(self, shape: tuple[int, ...], spec: P) -> P:
         """The optimizer-state spec: ``spec`` plus the batch axes on the first free dim."""
-        if not self.s.zero or not self.s.batch:
+        if not self.layout.zero or not self.layout.batch:
             return spec
-        n = math.prod(self.mesh.shape[a] for a in self.s.batch)
+        n = math.prod(self.mesh.shape[a] for a in self.layout.batch)
         entries = list(spec) + [None] * (len(shape) - len(spec))
         for i, (d, e) in enumerate(zip(shape, entries, strict=True)):
             if e is None and d % n == 0:
-                entries[i] = self.b
+                entries[i] = self.axes["batch"]
                 return P(*entries)
         return spec
 
 
-# -- models: (params, batch) -> loss, plus param specs -----------------------------------------
+# The models (shardlab.examples), with the logical axes of their parameters (Megatron: the
+# first weight of a pair split by columns, the second by rows) and of their batch.
+MODELS: dict[str, Callable[[Shard], Case]] = {
+    "mlp": mlp_layer,
+    "gpt-layer": gpt_layer,
+    "conv": conv_layer,
+}
+_COLUMNS, _ROWS = (None, "model"), ("model", None)
+PARAM_AXES: dict[str, dict[str, tuple[str | None, ...]]] = {
+    "mlp": {"w1": _COLUMNS, "w2": _ROWS},
+    "gpt-layer": {
+        "ln1_g": (),
+        "ln1_b": (),
+        "ln2_g": (),
+        "ln2_b": (),
+        "wq": _COLUMNS,
+        "wk": _COLUMNS,
+        "wv": _COLUMNS,
+        "wo": _ROWS,
+        "w1": _COLUMNS,
+        "w2": _ROWS,
+    },
+    "conv": {"k1": (None, None, None, "model"), "k2": (None, None, "model", None), "dense": ()},
+}
+BATCH_AXES: dict[str, tuple[tuple[str | None, ...], ...]] = {
+    "mlp": (("batch", None), ("batch", None)),
+    "gpt-layer": (("batch", None, None), ("batch", None, None)),
+    "conv": (("batch", None, None, None), ("batch", None)),
+}
 
 
-def mlp(ctx: _Ctx):
-    d, f = 32, 64
-    params = {"w1": jnp.ones((d, f)) * 0.01, "w2": jnp.ones((f, d)) * 0.01}
-    specs = {"w1": P(None, ctx.m), "w2": P(ctx.m, None)}
-    batch = (jnp.ones((16, d)), jnp.ones((16, d)))
-    batch_specs = (P(ctx.b, None), P(ctx.b, None))
+def sharded_model(model: str, mesh: Mesh, layout: FidelityLayout) -> tuple[Any, ...]:
+    """One model under one layout: ``(params, specs, batch, batch_specs, loss)``, where
+    ``loss(params, batch)`` constrains every intermediate.
 
-    def loss(p, xy):
-        x, y = xy
-        h = ctx.c(jnp.tanh(ctx.c(x @ p["w1"], ctx.b, ctx.m)), ctx.b, ctx.m)
-        out = ctx.c(h @ p["w2"], ctx.b, None)
-        return jnp.mean((out - y) ** 2)
+    Args:
+        model: a key of ``MODELS``.
+        mesh: the mesh.
+        layout: the layout.
 
-    return params, specs, batch, batch_specs, loss
-
-
-def _layernorm(ctx: _Ctx, x, g, b):
-    mu = ctx.c(jnp.mean(x, axis=-1, keepdims=True), ctx.b, None, None)
-    var = ctx.c(jnp.mean((x - mu) ** 2, axis=-1, keepdims=True), ctx.b, None, None)
-    return ctx.c((x - mu) * jax.lax.rsqrt(var + 1e-5) * g + b, ctx.b, None, None)
+    Returns:
+        Parameters and their specs, the batch and its specs, the constrained loss.
+    """
+    return _sharded(model, _Shardings(mesh, layout))
 
 
-def gpt_layer(ctx: _Ctx):
-    bsz, t, d, h, f = 8, 8, 32, 8, 64
-    hd = d // h
-    m, b, c = ctx.m, ctx.b, ctx.c
-    params = {
-        "ln1_g": jnp.ones((d,)), "ln1_b": jnp.zeros((d,)),
-        "wq": jnp.ones((d, d)) * 0.02, "wk": jnp.ones((d, d)) * 0.02,
-        "wv": jnp.ones((d, d)) * 0.02, "wo": jnp.ones((d, d)) * 0.02,
-        "ln2_g": jnp.ones((d,)), "ln2_b": jnp.zeros((d,)),
-        "w1": jnp.ones((d, f)) * 0.02, "w2": jnp.ones((f, d)) * 0.02,
-    }  # fmt: skip
-    specs = {
-        "ln1_g": P(), "ln1_b": P(), "ln2_g": P(), "ln2_b": P(),
-        "wq": P(None, m), "wk": P(None, m), "wv": P(None, m), "wo": P(m, None),
-        "w1": P(None, m), "w2": P(m, None),
-    }  # fmt: skip
-    batch = (jnp.ones((bsz, t, d)) * 0.1, jnp.ones((bsz, t, d)))
-    batch_specs = (P(b, None, None), P(b, None, None))
-
-    def loss(p, xy):
-        x, y = xy
-        a = _layernorm(ctx, x, p["ln1_g"], p["ln1_b"])
-        heads = []
-        for w in ("wq", "wk", "wv"):
-            z = c(jnp.einsum("btd,de->bte", a, p[w]), b, None, m)
-            heads.append(c(z.reshape(bsz, t, h, hd), b, None, m, None))
-        q, k, v = heads
-        s = c(jnp.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(hd), b, m, None, None)
-        mask = jnp.tril(jnp.ones((t, t), dtype=bool))
-        s = c(jnp.where(mask, s, -1e9), b, m, None, None)
-        w = c(jax.nn.softmax(s, axis=-1), b, m, None, None)
-        o = c(jnp.einsum("bhqk,bkhe->bqhe", w, v), b, None, m, None)
-        o = c(o.reshape(bsz, t, d), b, None, m)
-        x = c(x + c(jnp.einsum("btd,de->bte", o, p["wo"]), b, None, None), b, None, None)
-        a = _layernorm(ctx, x, p["ln2_g"], p["ln2_b"])
-        hmid = c(jax.nn.gelu(c(jnp.einsum("btd,df->btf", a, p["w1"]), b, None, m)), b, None, m)
-        x = c(x + c(jnp.einsum("btf,fd->btd", hmid, p["w2"]), b, None, None), b, None, None)
-        return jnp.mean((x - y) ** 2)
-
-    return params, specs, batch, batch_specs, loss
+def _sharded(model: str, shardings: _Shardings) -> tuple[Any, ...]:
+    case = MODELS[model](shardings)
+    params, batch = case.args
+    specs = {k: shardings.spec(*axes) for k, axes in PARAM_AXES[model].items()}
+    batch_specs = tuple(shardings.spec(*axes) for axes in BATCH_AXES[model])
+    return params, specs, batch, batch_specs, case.fn
 
 
-def conv_block(ctx: _Ctx):
-    n, hw, ch, ch2, classes = 8, 8, 8, 16, 8
-    m, b, c = ctx.m, ctx.b, ctx.c
-    params = {
-        "k1": jnp.ones((3, 3, ch, ch2)) * 0.01,
-        "k2": jnp.ones((3, 3, ch2, ch)) * 0.01,
-        "dense": jnp.ones((ch, classes)) * 0.01,
-    }
-    specs = {"k1": P(None, None, None, m), "k2": P(None, None, m, None), "dense": P()}
-    batch = (jnp.ones((n, hw, hw, ch)), jnp.ones((n, classes)))
-    batch_specs = (P(b, None, None, None), P(b, None))
-    dn = ("NHWC", "HWIO", "NHWC")
+def train_case(model: str, mesh: Mesh, layout: FidelityLayout) -> tuple[Any, Any, Any]:
+    """``(step, args, in_specs)`` of one SGD-with-momentum train step, fully constrained.
 
-    def loss(p, xy):
-        x, y = xy
-        h = jax.lax.conv_general_dilated(x, p["k1"], (1, 1), "SAME", dimension_numbers=dn)
-        h = c(jax.nn.relu(c(h, b, None, None, m)), b, None, None, m)
-        h = jax.lax.conv_general_dilated(h, p["k2"], (1, 1), "SAME", dimension_numbers=dn)
-        h = c(c(h, b, None, None, None) + x, b, None, None, None)
-        pooled = c(jnp.mean(h, axis=(1, 2)), b, None)
-        logits = c(pooled @ p["dense"], b, None)
-        return jnp.mean((logits - y) ** 2)
+    Args:
+        model: a key of ``MODELS``.
+        mesh: the mesh.
+        layout: the layout (ZeRO shards gradients and momentum over the batch axes).
 
-    return params, specs, batch, batch_specs, loss
-
-
-MODELS: dict[str, Callable[[_Ctx], Any]] = {"mlp": mlp, "gpt-layer": gpt_layer, "conv": conv_block}
-
-
-def train_case(model: str, mesh: Mesh, strategy: Strategy):
-    """``(step, args, in_specs)`` of one SGD-with-momentum train step, fully constrained."""
-    ctx = _Ctx(mesh, strategy)
-    params, specs, batch, batch_specs, loss = MODELS[model](ctx)
-    state_specs = {k: ctx.zero_spec(v.shape, specs[k]) for k, v in params.items()}
+    Returns:
+        ``step(params, momentum, batch) -> (loss, params, momentum)``, its arguments and
+        their specs.
+    """
+    shardings = _Shardings(mesh, layout)
+    params, specs, batch, batch_specs, loss = _sharded(model, shardings)
+    state_specs = {k: shardings.zero_spec(v.shape, specs[k]) for k, v in params.items()}
     momentum = jax.tree.map(jnp.zeros_like, params)
+    c = shardings.constrain
 
     def step(params, momentum, batch):
         value, grads = jax.value_and_grad(loss)(params, batch)
-        grads = {k: ctx.c(g, *state_specs[k]) for k, g in grads.items()}
-        new_m = {k: ctx.c(0.9 * momentum[k] + grads[k], *state_specs[k]) for k in grads}
-        new_p = {k: ctx.c(params[k] - 0.01 * new_m[k], *specs[k]) for k in params}
+        grads = {k: c(g, state_specs[k]) for k, g in grads.items()}
+        new_m = {k: c(0.9 * momentum[k] + grads[k], state_specs[k]) for k in grads}
+        new_p = {k: c(params[k] - 0.01 * new_m[k], specs[k]) for k in params}
         return value, new_p, new_m
 
     args = (params, momentum, batch)
@@ -188,28 +171,28 @@ MESHES: dict[tuple[int, ...], tuple[str, ...]] = {
 }
 
 
-def strategies_for(shape: tuple[int, ...]) -> list[Strategy]:
-    """The strategies compared on a mesh of this shape."""
+def layouts_for(shape: tuple[int, ...]) -> list[FidelityLayout]:
+    """The layouts compared on a mesh of this shape."""
     if len(shape) == 1:
         return [
-            Strategy("dp", batch=("data",)),
-            Strategy("megatron", model="data"),
-            Strategy("zero", batch=("data",), zero=True),
+            FidelityLayout("dp", batch=("data",)),
+            FidelityLayout("megatron", model="data"),
+            FidelityLayout("zero", batch=("data",), zero=True),
         ]
     return [
-        Strategy("dp", batch=("data", "model")),
-        Strategy("dp+megatron", batch=("data",), model="model"),
-        Strategy("zero+megatron", batch=("data",), model="model", zero=True),
+        FidelityLayout("dp", batch=("data", "model")),
+        FidelityLayout("dp+megatron", batch=("data",), model="model"),
+        FidelityLayout("zero+megatron", batch=("data",), model="model", zero=True),
     ]
 
 
 @dataclasses.dataclass(frozen=True)
 class FidelityRow:
-    """One (case, mesh, strategy, kind) comparison."""
+    """One (case, mesh, layout, kind) comparison."""
 
     case: str
     mesh: tuple[int, ...]
-    strategy: str
+    layout: str
     kind: str
     predicted: float
     actual: float
@@ -223,10 +206,10 @@ class FidelityRow:
         return self.predicted / self.actual
 
 
-def compare(model: str, shape: tuple[int, ...], strategy: Strategy) -> list[FidelityRow]:
+def compare(model: str, shape: tuple[int, ...], layout: FidelityLayout) -> list[FidelityRow]:
     """Predict and compile one case; one row per collective kind that either side has."""
     mesh = make_mesh(shape=shape, names=MESHES[shape])
-    step, args, specs = train_case(model, mesh, strategy)
+    step, args, specs = train_case(model, mesh, layout)
     pred = predict(step, *args, mesh=mesh, in_shardings=specs)
     rep = analyze(step, *args, mesh=mesh, in_shardings=specs)
     rows = []
@@ -237,7 +220,7 @@ def compare(model: str, shape: tuple[int, ...], strategy: Strategy) -> list[Fide
                 FidelityRow(
                     model,
                     shape,
-                    strategy.name,
+                    layout.name,
                     kind,
                     p,
                     a,
@@ -250,7 +233,7 @@ def compare(model: str, shape: tuple[int, ...], strategy: Strategy) -> list[Fide
             FidelityRow(
                 model,
                 shape,
-                strategy.name,
+                layout.name,
                 "(none)",
                 0.0,
                 0.0,
@@ -261,9 +244,9 @@ def compare(model: str, shape: tuple[int, ...], strategy: Strategy) -> list[Fide
     return rows
 
 
-def all_cases() -> list[tuple[str, tuple[int, ...], Strategy]]:
-    """Every (model, mesh shape, strategy) of the benchmark."""
-    return [(m, s, st) for m in MODELS for s in MESHES for st in strategies_for(s)]
+def all_cases() -> list[tuple[str, tuple[int, ...], FidelityLayout]]:
+    """Every (model, mesh shape, layout) of the benchmark."""
+    return [(m, s, lay) for m in MODELS for s in MESHES for lay in layouts_for(s)]
 
 
 def run() -> str:
@@ -290,7 +273,7 @@ def run() -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r.case} | {r.mesh} | {r.strategy} | {r.kind} | {r.predicted:,.0f} | "
+            f"| {r.case} | {r.mesh} | {r.layout} | {r.kind} | {r.predicted:,.0f} | "
             f"{r.actual:,.0f} | {r.ratio:.3f} | {r.predicted_argument_bytes:,} | "
             f"{r.actual_argument_bytes:,} |"
         )
