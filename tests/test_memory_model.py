@@ -7,8 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from shardlab import strategies
-from shardlab.bench import models
+from shardlab import examples, strategies
 from shardlab.parallel.cost.memory import liveness
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.graph.opgraph import live_nodes
@@ -44,11 +43,11 @@ def test_elementwise_chains_are_fused_and_matmul_outputs_are_not():
 @pytest.mark.parametrize(
     ("case", "strategy"),
     [
-        (models.pinn, "data_parallel"),
-        (models.pinn, "zero"),
-        (lambda: models.gpt(2), "data_parallel"),
-        (lambda: models.gpt(2), "megatron"),
-        (lambda: models.mlp(1024, 128, train=True), "megatron"),
+        (examples.pinn, "data_parallel"),
+        (examples.pinn, "zero"),
+        (lambda: examples.gpt(2), "data_parallel"),
+        (lambda: examples.gpt(2), "megatron"),
+        (lambda: examples.mlp(1024, 128, train=True), "megatron"),
     ],
 )
 def test_predicted_memory_tracks_compiled(m8, case, strategy):
@@ -63,7 +62,8 @@ def test_predicted_memory_tracks_compiled(m8, case, strategy):
 
 
 @pytest.mark.parametrize(
-    ("case", "fraction"), [(models.conv, 0.8), (models.pinn, 0.95), (lambda: models.gpt(2), 0.6)]
+    ("case", "fraction"),
+    [(examples.conv, 0.8), (examples.pinn, 0.95), (lambda: examples.gpt(2), 0.6)],
 )
 def test_budget_below_data_parallel_fits_once_compiled(m8, case, fraction):
     c = case()
@@ -79,6 +79,6 @@ def test_budget_below_data_parallel_fits_once_compiled(m8, case, fraction):
 
 
 def test_unreachable_budget_names_the_smallest_reached(m8):
-    c = models.pinn()
+    c = examples.pinn()
     with pytest.raises(SearchError, match=r"memory_budget=50000 bytes.*smallest per-device"):
         search(c.fn, *c.args, mesh=m8, method="recursive", memory_budget=50_000)

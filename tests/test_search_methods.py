@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from shardlab import strategies
-from shardlab.bench import models
+from shardlab import examples, strategies
 from shardlab.parallel.cost.profiles import resolve_profile
 from shardlab.parallel.graph.trace import trace
 from shardlab.parallel.mesh import mesh as make_mesh
@@ -32,7 +31,7 @@ def test_mlp_regimes_pick_data_and_tensor_parallel(m8):
     state, ZeRO-style); batch 128 × hidden 1024 is tensor parallel, forward too: streaming
     replicated 1024² weights costs more than Megatron's one activation all-reduce."""
     for train in (False, True):
-        dp_case = models.mlp(1024, 128, train=train)
+        dp_case = examples.mlp(1024, 128, train=train)
         plan = search(dp_case.fn, *dp_case.args, mesh=m8)
         assert plan.method == "auto:ilp" and plan.optimal, plan.notes
         weight_bytes = sum(int(np.prod(s)) * 4 for s in plan.input_shapes[:2])
@@ -43,14 +42,14 @@ def test_mlp_regimes_pick_data_and_tensor_parallel(m8):
             assert params["w1"].spec == P() and params["w2"].spec == P()
             assert not plan.cost.collectives
     for train in (False, True):
-        tp_case = models.mlp(128, 1024, train=train)
+        tp_case = examples.mlp(128, 1024, train=train)
         plan = search(tp_case.fn, *tp_case.args, mesh=m8)
         params = plan.in_shardings[0]
         assert params["w1"].spec == P(None, "data") and params["w2"].spec == P("data")  # Megatron
 
 
 def test_ilp_is_exact_and_others_are_not_better(m8):
-    case = models.mlp(256, 256, train=True)
+    case = examples.mlp(256, 256, train=True)
     graph = trace(case.fn, *case.args, unroll_scans=False).graph
     from shardlab.parallel.graph.trace import find_ties
 
@@ -70,7 +69,7 @@ def test_ilp_is_exact_and_others_are_not_better(m8):
 
 
 def test_ilp_time_limit_returns_incumbent_marked_not_optimal():
-    case = models.gpt(1, batch=8, seq=8, d=32, heads=4, vocab=64)
+    case = examples.gpt(1, batch=8, seq=8, d=32, heads=4, vocab=64)
     plan = search(case.fn, *case.args, mesh=make_mesh(data=2, model=4), method="ilp",
                   time_limit=0.05)  # fmt: skip
     assert plan.optimal is False
@@ -118,13 +117,13 @@ def test_recursive_is_near_linear():
 
 
 def test_auto_says_which_method(m8):
-    case = models.mlp(64, 64, train=False)
+    case = examples.mlp(64, 64, train=False)
     plan = search(case.fn, *case.args, mesh=m8)
     assert plan.method == "auto:ilp" and any("auto chose ilp" in n for n in plan.notes)
 
 
 def test_memory_budget_below_data_parallel(m8):
-    case = models.mlp(128, 1024, train=True)
+    case = examples.mlp(128, 1024, train=True)
     dp = strategies.data_parallel(case.fn, *case.args, mesh=m8)
     budget = dp.cost.memory.peak // 2
     for method in ("ilp", "recursive"):
@@ -134,7 +133,7 @@ def test_memory_budget_below_data_parallel(m8):
 
 
 def test_progress_and_interrupt_return_best_so_far(m8):
-    case = models.mlp(256, 256, train=True)
+    case = examples.mlp(256, 256, train=True)
     seen: list[tuple[float, str]] = []
     search(case.fn, *case.args, mesh=m8, method="recursive",
            progress=lambda f, msg: seen.append((f, msg)))  # fmt: skip

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from shardlab.bench import models
+from shardlab import examples
 from shardlab.parallel.cost.profiles import resolve_profile
 from shardlab.parallel.graph import opgraph
 from shardlab.parallel.graph.opgraph import build_from_jaxpr
@@ -60,7 +60,7 @@ def _mlp_case(forward, layers: int = 4, batch: int = 64, hidden: int = 512):
     def loss(p, xy):
         return jnp.mean((forward(p, xy[0]) - xy[1]) ** 2)
 
-    step = models.train_step(loss)
+    step = examples.train_step(loss)
     return step, (params, jax.tree.map(jnp.zeros_like, params), xy)
 
 
@@ -121,7 +121,7 @@ def test_tie_post_pass_copies_one_iteration_to_all(mesh):
 
 
 def test_gpt_scan_train_step_matches_and_costs_like_the_unrolled_model(mesh):
-    case, unrolled = models.gpt_scan(2), models.gpt(2)
+    case, unrolled = examples.gpt_scan(2), examples.gpt(2)
     plan = search(case.fn, *case.args, mesh=mesh, method="recursive")
     assert _close(plan.jit()(*case.args), jax.jit(case.fn)(*case.args))
     assert not plan.cost.warnings
@@ -131,7 +131,7 @@ def test_gpt_scan_train_step_matches_and_costs_like_the_unrolled_model(mesh):
 
 
 def test_gpt_scan_forward_auto(mesh):
-    case = models.gpt_scan(2, train=False)
+    case = examples.gpt_scan(2, train=False)
     plan = search(case.fn, *case.args, mesh=mesh, method="auto")
     assert _close(plan.jit()(*case.args), jax.jit(case.fn)(*case.args))
     assert not any(SCAN_WARNING in w for w in plan.cost.warnings)

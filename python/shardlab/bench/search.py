@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from shardlab.bench import models
+from shardlab import examples
 from shardlab.parallel.cost.profiles import comm_time
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.mesh import mesh as make_mesh
@@ -58,7 +58,7 @@ class Row:
         return self.compiled_comm + self.compute
 
 
-def _equal(plan: Plan, case: models.Case, reference: Any) -> bool:
+def _equal(plan: Plan, case: examples.Case, reference: Any) -> bool:
     out = plan.jit()(*case.args)
     return all(
         np.allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
@@ -66,18 +66,27 @@ def _equal(plan: Plan, case: models.Case, reference: Any) -> bool:
     )
 
 
-def _row(case: models.Case, mesh_text: str, name: str, kind: str, plan: Plan, ref) -> Row:
+def _row(case: examples.Case, mesh_text: str, name: str, kind: str, plan: Plan, ref) -> Row:
     report = plan.verify()
     first = next((p for p in plan.input_paths if "w1" in p or "k1" in p), plan.input_paths[0])
     spec = plan.input_specs[plan.input_paths.index(first)]
     return Row(
-        case=case.name, mesh=mesh_text, name=name, kind=kind, predicted=plan.cost.time,
-        predicted_comm=plan.cost.comm_time, compute=plan.cost.compute_time,
+        case=case.name,
+        mesh=mesh_text,
+        name=name,
+        kind=kind,
+        predicted=plan.cost.time,
+        predicted_comm=plan.cost.comm_time,
+        compute=plan.cost.compute_time,
         compiled_comm=comm_time(report.collectives, PROFILE),
-        compiled_bytes=report.total_comm_bytes, memory=report.memory.total,
-        predicted_memory=plan.cost.memory.peak, search_time=plan.search_time, optimal=plan.optimal, equal=_equal(plan, case, ref),
+        compiled_bytes=report.total_comm_bytes,
+        memory=report.memory.total,
+        predicted_memory=plan.cost.memory.peak,
+        search_time=plan.search_time,
+        optimal=plan.optimal,
+        equal=_equal(plan, case, ref),
         params=f"{first.split('/')[-1]}: {_spec(spec)}",
-    )  # fmt: skip
+    )
 
 
 def _spec(lay) -> str:
@@ -85,7 +94,7 @@ def _spec(lay) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
-def run_case(case: models.Case, shape: tuple[int, ...]) -> list[Row]:
+def run_case(case: examples.Case, shape: tuple[int, ...]) -> list[Row]:
     mesh = make_mesh(shape=shape, names=("data", "model")[: len(shape)])
     text = "×".join(map(str, shape))
     ref = jax.jit(case.fn)(*case.args)
@@ -106,7 +115,7 @@ def scaling() -> list[tuple[str, int, float, float, int, float]]:
     equations, seconds for a second, warm-cache search)."""
     out = []
     mesh = make_mesh(data=8)
-    for form, make in (("unrolled", models.gpt), ("lax.scan", models.gpt_scan)):
+    for form, make in (("unrolled", examples.gpt), ("lax.scan", examples.gpt_scan)):
         for layers in (24, 48):
             case = make(layers)
             start = time.perf_counter()
@@ -116,14 +125,15 @@ def scaling() -> list[tuple[str, int, float, float, int, float]]:
             search(case.fn, *case.args, mesh=mesh, method="recursive", device=PROFILE)
             warm = time.perf_counter() - start
             assert plan.binding is not None
-            out.append((form, layers, cold, plan.cost.time * 1e3,
-                        len(plan.binding.graph.nodes), warm))  # fmt: skip
+            out.append(
+                (form, layers, cold, plan.cost.time * 1e3, len(plan.binding.graph.nodes), warm)
+            )
             jax.clear_caches()
             gc.collect()
     return out
 
 
-def _step_ms(plan: Plan, case: models.Case) -> list[float]:
+def _step_ms(plan: Plan, case: examples.Case) -> list[float]:
     f = plan.jit()
     args = jax.device_put(case.args, plan.in_shardings)
     jax.block_until_ready(f(*args))
@@ -143,7 +153,7 @@ def measured_regimes() -> list[tuple[str, str, str, dict[str, float]]]:
         mesh = make_mesh(shape=shape, names=("data", "model")[: len(shape)])
         for batch, hidden in ((1024, 128), (128, 1024)):
             for train in (False, True):
-                case = models.mlp(batch, hidden, train=train)
+                case = examples.mlp(batch, hidden, train=train)
                 auto = search(case.fn, *case.args, mesh=mesh, device=PROFILE)
                 base = baselines(case.fn, *case.args, mesh=mesh, device=PROFILE)
                 tp = "megatron" if len(shape) == 1 else "data_parallel+megatron"
@@ -163,25 +173,38 @@ def budgets() -> list[tuple[str, str, int, int, int, int, str]]:
     (case, method, dp compiled, budget, plan predicted, plan compiled, fits)."""
     out = []
     mesh = make_mesh(data=8)
-    cases = [(models.mlp(128, 1024, train=True), 0.6), (models.gpt(2), 0.6),
-             (models.gpt(2), 0.8), (models.moe(), 0.8), (models.conv(), 0.8),
-             (models.pinn(), 0.95), (models.pinn(), 0.6)]  # fmt: skip
+    cases = [
+        (examples.mlp(128, 1024, train=True), 0.6),
+        (examples.gpt(2), 0.6),
+        (examples.gpt(2), 0.8),
+        (examples.moe(), 0.8),
+        (examples.conv(), 0.8),
+        (examples.pinn(), 0.95),
+        (examples.pinn(), 0.6),
+    ]
     for case, fraction in cases:
         dp = baselines(case.fn, *case.args, mesh=mesh, device=PROFILE)["data_parallel"]
         dp_compiled = dp.verify().memory.total
         budget = int(dp_compiled * fraction)
         for method in ("ilp", "recursive"):
             try:
-                plan = search(case.fn, *case.args, mesh=mesh, method=method, device=PROFILE,
-                              memory_budget=budget)  # fmt: skip
+                plan = search(
+                    case.fn,
+                    *case.args,
+                    mesh=mesh,
+                    method=method,
+                    device=PROFILE,
+                    memory_budget=budget,
+                )
             except SearchError as e:
                 out.append((case.name, method, dp_compiled, budget, -1, -1, str(e)))
                 continue
             compiled = plan.verify().memory.total
             fits = "yes" if plan.cost.memory.peak <= budget else "no"
             fits += "/yes" if compiled <= budget else "/no"
-            out.append((case.name, plan.method, dp_compiled, budget,
-                        plan.cost.memory.peak, compiled, fits))  # fmt: skip
+            out.append(
+                (case.name, plan.method, dp_compiled, budget, plan.cost.memory.peak, compiled, fits)
+            )
     return out
 
 
@@ -193,11 +216,14 @@ def run() -> str:
     """The markdown section for docs/benchmarks.md."""
     start = time.perf_counter()
     rows: list[Row] = []
-    for case in models.cases():
+    for case in examples.cases():
         for shape in MESHES:
             rows.extend(run_case(case, shape))
-            print(f"[bench.search] {case.name} {shape}: {time.perf_counter() - start:.0f} s",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"[bench.search] {case.name} {shape}: {time.perf_counter() - start:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     groups: dict[tuple[str, str], list[Row]] = {}
     for r in rows:
         groups.setdefault((r.case, r.mesh), []).append(r)
@@ -263,8 +289,8 @@ def run() -> str:
         "### Target 2: recursive search time, GPT train step (tracing included)",
         "",
         "`lax.scan`: the same model with its blocks' parameters stacked and scanned over "
-        "(`models.gpt_scan`); the search unrolls the scan, solves the repeated body once, "
-        "and the plan runs the original scan with the body's constraints.",
+        "(`shardlab.examples.gpt_scan`); the search unrolls the scan, solves the repeated "
+        "body once, and the plan runs the original scan with the body's constraints.",
         "",
         "| form | layers | equations | search s (first call) | search s (warm trace cache) | "
         "predicted ms |",
@@ -277,8 +303,9 @@ def run() -> str:
     lines.append("")
     for form in ("unrolled", "lax.scan"):
         (c24, w24), (c48, w48) = by[(form, 24)], by[(form, 48)]
-        lines.append(f"{form}: 48 ÷ 24 layers {c48 / c24:.2f}× (first call), "
-                     f"{w48 / w24:.2f}× (warm).  ")  # fmt: skip
+        lines.append(
+            f"{form}: 48 ÷ 24 layers {c48 / c24:.2f}× (first call), {w48 / w24:.2f}× (warm).  "
+        )
     lines += [
         "",
         "### The two MLP regimes, run",
