@@ -19,7 +19,7 @@ cells = [
     code(
         "import jax, jax.numpy as jnp, shardlab\n"
         "from jax.sharding import PartitionSpec as P\n"
-        "from shardlab.bench.models import gpt\n"
+        "from shardlab.examples import gpt\n"
         "\n"
         "case = gpt(4)                      # step(params, momentum, (tokens, targets))\n"
         "mesh = shardlab.mesh(data=2, model=4)\n"
@@ -34,7 +34,7 @@ cells = [
     ),
     code(
         "labels = [leaf.label for leaf in ed.model.leaves]\n"
-        "w1 = labels.index('0/blocks/0/w1'); w2 = labels.index('0/blocks/0/w2')\n"
+        "w1 = labels.index('params/blocks/0/w1'); w2 = labels.index('params/blocks/0/w2')\n"
         "ed.edit(w1, 1, ('model',))\n"
         "ed.edit(w2, 0, ('model',))\n"
         "print(ed.view().text())"
@@ -58,14 +58,13 @@ cells = [
         "Compare its compiled communication with the Megatron + data-parallel baseline."
     ),
     code(
-        "from shardlab.parallel.cost.profiles import comm_time\n"
         "plan = shardlab.search(step, *args, mesh=mesh, method='auto')\n"
         "baseline = shardlab.strategies.megatron(step, *args, mesh=mesh, data_axes=('data',))\n"
         "for label, p in (('auto', plan), ('megatron+dp', baseline)):\n"
         "    report = p.verify()  # compile and read the actual collectives and memory\n"
         "    print(f'{label:12} [{p.method}] predicted step {p.cost.time * 1e3:6.3f} ms '\n"
         "          f'(compute {p.cost.compute_time * 1e3:.3f}); compiled communication '\n"
-        "          f'{comm_time(report.collectives) * 1e3:.3f} ms, '\n"
+        "          f'{p.compiled_comm_time(report) * 1e3:.3f} ms, '\n"
         "          f'{report.total_comm_bytes:,.0f} wire bytes, {report.memory.total:,} B/device')\n"
         "print(plan.table(limit=12))"
     ),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import nbformat
 from nbformat.v4 import new_notebook
 
@@ -13,7 +15,16 @@ KERNELSPEC = {
 
 
 def write(cells: list, path: str) -> None:
-    """Writes ``cells`` as a notebook on the shardlab kernel (no outputs)."""
+    """Writes ``cells`` as a notebook on the shardlab kernel (no outputs).
+
+    Cells keep the ids of the notebook at ``path`` (by position) when it exists, so that
+    regenerating a notebook changes only the cells whose content changed.
+    """
+    if os.path.exists(path):
+        old = nbformat.read(path, as_version=4).cells
+        for cell, previous in zip(cells, old, strict=False):
+            if "id" in previous:
+                cell["id"] = previous["id"]
     notebook = new_notebook(
         cells=cells, metadata={"kernelspec": KERNELSPEC, "language_info": {"name": "python"}}
     )
