@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import strategies
+from . import examples, strategies
 from ._version import __version__
 from .engine import GraphCache, GraphStagingError, ModeError, ReleaseReport
 from .engine.devices import DeviceSpecError, SwitchReport
@@ -54,6 +54,7 @@ __all__ = [
     "analyze",
     "commgraph",
     "editor",
+    "examples",
     "load_ipython_extension",
     "memory",
     "mesh",
