@@ -217,6 +217,8 @@ def test_stopping_auto_shows_stopped_early(monkeypatch):
     assert ed.error is None
     assert ed.status == "Auto: plan from method 'recursive' (stopped early: best plan so far)"
     assert not ed.auto_button.disabled and ed.stop_button.disabled
+    ed.close()
+    assert ed.auto_button.comm is None  # closed: the kernel no longer holds the editor
 
 
 def test_constraints_on_intermediates_change_prediction_and_compile(model):

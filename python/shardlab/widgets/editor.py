@@ -431,6 +431,15 @@ class StrategyEditor:
         self.error = message
         self._refresh()
 
+    def close(self) -> None:
+        """Closes the editor's widgets, so the kernel lets go of them, their callbacks and
+        the model's arguments (ipywidgets keeps every open widget alive)."""
+        stack = [self.controls]
+        while stack:
+            widget = stack.pop()
+            stack.extend(getattr(widget, "children", ()))
+            widget.close()
+
     def _ipython_display_(self) -> None:
         from IPython.display import display
 
