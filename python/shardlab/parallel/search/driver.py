@@ -1,6 +1,6 @@
 """``shardlab.search``: from a function, example arguments and a mesh to a ``Plan``.
 
-Trace once, build the strategy space (``space.py``), choose one candidate per unit with the
+Trace once (``graph/trace.py``), build the strategy space (``build.py``), choose one candidate per unit with the
 requested method, and turn the choice into a plan: input/output layouts, the intermediate
 constraints that pin it, its predicted ``CostBreakdown`` and a table of decisions. Nothing
 is compiled to decide.
@@ -9,6 +9,7 @@ is compiled to decide.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -184,9 +185,11 @@ class _Problem:
     mesh: Mesh
     profile: DeviceProfile
 
+    @functools.cached_property
     def baselines(self) -> dict[str, Plan]:
-        """The standard baselines on the same trace; ``{}`` for an argument structure they
-        do not fit."""
+        """The standard baselines on the same trace, made once per search (the portfolio,
+        budget seeds and the compiled fallback all read them); ``{}`` for an argument
+        structure they do not fit."""
         try:
             return baselines(
                 self.traced.fn,
@@ -209,7 +212,7 @@ def _compiled_baseline(
         SearchError: no baseline compiles within the budget either (``why``: what the
             search tried).
     """
-    options = problem.baselines()
+    options = problem.baselines
     for name, p in sorted(options.items(), key=lambda item: item[1].cost.time):
         compiled = p.verify().memory.total
         if compiled <= budget:
@@ -234,7 +237,7 @@ def _portfolio(plan: Plan, problem: _Problem, budget: float | None) -> Plan:
     """``auto`` also costs the standard baselines (argument layouts only, the rest
     propagated as the partitioner would) and keeps the cheapest prediction: the search's
     model reduces partial sums where they arise, propagation may defer them."""
-    options = problem.baselines()
+    options = problem.baselines
     fits = {
         name: p for name, p in options.items() if budget is None or p.cost.memory.peak <= budget
     }
@@ -259,7 +262,7 @@ def _baseline_seeds(problem: _Problem, space: Space):
     """``(name, choice)`` of the standard baselines mapped into the space (start points
     and fallbacks for a memory budget)."""
     g = space.graph
-    plans = problem.baselines()
+    plans = problem.baselines
     out = []
     for name, plan in plans.items():
         outs = [
