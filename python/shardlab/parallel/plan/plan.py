@@ -3,9 +3,10 @@
 A plan holds the layout of every input and output, the intermediate constraints it relies on
 (``{node index: spec per output}`` and, where the model reshards an operand before an op,
 ``{node index: {operand: spec}}``), its predicted ``CostBreakdown`` and a table of what was
-chosen per operation and what else was considered. ``jit()`` re-evaluates the traced function
-equation by equation with those constraints (``graph/interpret.py``); ``verify()`` compiles it and
-reads the collectives. JSON round-trips are validated on load and never use pickle.
+chosen per operation and what else was considered. ``jit()`` re-evaluates the traced
+function equation by equation with those constraints (``graph/interpret.py``); ``verify()``
+compiles it and reads the collectives. JSON round-trips are validated on load (``io.py``)
+and never use pickle.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class Plan(_Record):
     """A sharding strategy for one function, mesh and argument shapes.
 
     Attributes:
-        method: ``propagate``, ``recursive``, ``ilp`` or a baseline's name.
+        method: ``propagate``, ``recursive``, ``ilp``, a baseline's name or ``hand`` (the
+            editor's hand-specified plan).
         mesh_shape: ``{axis: size}``.
         input_paths: per flat argument leaf, its path (``params/w1``).
         input_shapes: per flat argument leaf, its shape.
