@@ -1,4 +1,8 @@
-"""The parallel core: mesh, op graph, sharding rules, cost model and HLO analysis.
+"""The parallel core, in layers that import only downwards: ``graph`` (tracing, op graph,
+sharding rules), ``cost`` (the cost model and ``predict``), ``compiled`` (what the compiler
+did: ``analyze``), ``plan`` (``Plan`` records) and ``search`` (the strategy search), over the
+base modules ``errors``, ``records``, ``mesh`` and ``specs``. This face re-exports the
+records and entry points the public API names.
 
 Imports jax, numpy and scipy only (never IPython or widget libraries).
 """
