@@ -20,9 +20,11 @@ body, ``while`` and ``cond`` stay single nodes.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from jax.extend import core as jex_core
 
@@ -48,6 +50,29 @@ CONTROL_FLOW = {"scan": ("jaxpr",), "while": ("cond_jaxpr", "body_jaxpr"), "cond
 # Largest length × body equations a scan may have to be unrolled for the search; larger scans
 # stay one (replicated) node.
 SCAN_UNROLL_LIMIT = 200_000
+
+
+def graph_dtype(dtype: Any) -> Any:
+    """The dtype a graph records: a numpy dtype, or JAX's own object for an extended dtype
+    (a typed PRNG key, ``key<fry>``), which numpy cannot interpret."""
+    if dtype is None:
+        return np.dtype(np.float32)
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return dtype
+    return np.dtype(dtype)
+
+
+def itemsize_of(dtype: Any) -> int:
+    """Bytes per element; an extended dtype (a typed PRNG key) counts its key data: the
+    key impl's ``key_shape`` elements of its base dtype (uint32 for every built-in impl)."""
+    if isinstance(dtype, np.dtype):
+        return dtype.itemsize
+    impl = getattr(dtype, "_impl", None)
+    key_shape = getattr(impl, "key_shape", None)
+    if key_shape is not None:
+        return math.prod(int(d) for d in key_shape) * np.dtype(np.uint32).itemsize
+    size = getattr(dtype, "itemsize", None)
+    return int(size) if size is not None else np.dtype(dtype).itemsize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +152,8 @@ class OpGraph:
     Attributes:
         nodes: the equations.
         shapes: per variable id, its shape.
-        dtypes: per variable id, its numpy dtype.
+        dtypes: per variable id, its numpy dtype (JAX's dtype object for extended dtypes
+            such as typed PRNG keys; ``itemsize_of`` gives the bytes of either).
         literal: per variable id, the constant value for literals and closed-over constants
             (``None`` for ordinary variables).
         inputs: variable ids of the function's flat inputs.
@@ -137,7 +163,7 @@ class OpGraph:
 
     nodes: list[Node]
     shapes: list[tuple[int, ...]]
-    dtypes: list[np.dtype]
+    dtypes: list[Any]
     literal: list[Any]
     inputs: list[int]
     outputs: list[int]
@@ -147,7 +173,7 @@ class OpGraph:
 
     def nbytes(self, var: int) -> int:
         """Global bytes of a variable."""
-        return int(np.prod(self.shapes[var], dtype=np.int64)) * self.dtypes[var].itemsize
+        return int(np.prod(self.shapes[var], dtype=np.int64)) * itemsize_of(self.dtypes[var])
 
     def producer(self, var: int) -> int:
         """Index of the node producing ``var``, or -1 for inputs and literals."""
@@ -192,7 +218,7 @@ class _Builder:
     def __init__(self, unroll_limit: int = 0) -> None:
         self.nodes: list[Node] = []
         self.shapes: list[tuple[int, ...]] = []
-        self.dtypes: list[np.dtype] = []
+        self.dtypes: list[Any] = []
         self.literal: list[Any] = []
         self.unroll_limit = unroll_limit
         self.scan_groups: list[ScanGroup] = []
@@ -201,7 +227,7 @@ class _Builder:
 
     def new_var(self, aval: Any, value: Any = None) -> int:
         self.shapes.append(tuple(int(d) for d in getattr(aval, "shape", ())))
-        self.dtypes.append(np.dtype(getattr(aval, "dtype", np.float32)))
+        self.dtypes.append(graph_dtype(getattr(aval, "dtype", None)))
         self.literal.append(value)
         return len(self.shapes) - 1
 

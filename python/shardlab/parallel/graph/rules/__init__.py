@@ -15,7 +15,16 @@ from __future__ import annotations
 import os
 
 from shardlab.parallel.graph.opgraph import Node, OpGraph
-from shardlab.parallel.graph.rules import contraction, elementwise, indexing, reduction, scan, shape
+from shardlab.parallel.graph.rules import (
+    contraction,
+    elementwise,
+    indexing,
+    prng,
+    reduction,
+    scan,
+    shape,
+    windowed,
+)
 from shardlab.parallel.graph.rules.base import Factors, OpRule, RuleFn, replicated_rule
 from shardlab.parallel.graph.rules.elementwise import ELEMENTWISE, FREE
 
@@ -26,6 +35,8 @@ RULES: dict[str, RuleFn] = {
     **shape.RULES,
     **indexing.RULES,
     **scan.RULES,
+    **windowed.RULES,
+    **prng.RULES,
 }
 
 # (primitive, error text) of rules that raised, in this process (strict mode off).

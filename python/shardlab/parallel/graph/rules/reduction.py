@@ -1,5 +1,5 @@
-"""Reductions, arg-reductions and scans along an axis (cumulative ops, sort, reverse):
-sharding a summed dimension leaves partial sums; others keep their axis whole.
+"""Reductions, arg-reductions and scans along an axis (cumulative ops, sort, reverse,
+top_k): sharding a summed dimension leaves partial sums; others keep their axis whole.
 """
 
 from __future__ import annotations
@@ -54,6 +54,25 @@ def _rev(node: Node, g: OpGraph) -> OpRule:
     return _along_axis(node, g, set(node.params["dimensions"]), 0.0)
 
 
+def _top_k(node: Node, g: OpGraph) -> OpRule:
+    """``top_k`` along ``axis``: XLA's SPMD partitioner does not partition its ``TopK``
+    custom call (checked against compiled HLO: a batch-sharded or sort-sharded operand is
+    all-gathered first), so every operand dim stays whole; the results (values, indices)
+    are computed whole on every device, so any layout of them is a local slice: fresh
+    factors, as ``iota``'s."""
+    ins, out = shape_of(g, node.inputs[0]), shape_of(g, node.outputs[0])
+    f = Factors()
+    dims = tuple(f.new(s) for s in ins)
+    res = tuple(f.new(s) for s in out)
+    return OpRule(
+        (dims,),
+        (res,) * len(node.outputs),
+        tuple(f.sizes),
+        replicated=frozenset(x for d in dims for x in d),
+        flops=float(size_of(ins)),
+    )
+
+
 RULES: dict[str, RuleFn] = {
     **dict.fromkeys(
         "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor".split(),
@@ -64,4 +83,5 @@ RULES: dict[str, RuleFn] = {
     **dict.fromkeys(("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"), _cumulative),
     "sort": _sort,
     "rev": _rev,
+    "top_k": _top_k,
 }

@@ -1,5 +1,6 @@
-"""Shape ops: broadcast, transpose, reshape, squeeze, concatenate, pad, iota. Dimensions
-that survive unchanged keep their factors; regrouped or padded ones stay whole.
+"""Shape ops: broadcast, transpose, reshape, squeeze, concatenate, split, stack, unstack,
+pad, iota. Dimensions that survive unchanged keep their factors; regrouped, padded, split,
+stacked or unstacked ones stay whole.
 """
 
 from __future__ import annotations
@@ -111,6 +112,50 @@ def _concatenate(node: Node, g: OpGraph) -> OpRule:
     return dataclasses.replace(rule, operands=operands, results=results, replicated=frozenset(cat))
 
 
+def _split(node: Node, g: OpGraph) -> OpRule:
+    """``split`` along ``axis``: the split axis stays whole (a piece's rows would otherwise
+    sit on other devices than the operand's shard), every other dim passes through to every
+    result."""
+    ins = shape_of(g, node.inputs[0])
+    axis = node.params["axis"] % len(ins)
+    f = Factors()
+    dims = [f.new(s) for s in ins]
+    out = tuple(() if i == axis else d for i, d in enumerate(dims))
+    return OpRule(
+        (tuple(dims),),
+        (out,) * len(node.outputs),
+        tuple(f.sizes),
+        replicated=frozenset(dims[axis]),
+    )
+
+
+def _stack(node: Node, g: OpGraph) -> OpRule:
+    """``stack`` along a new ``axis``: the new dim is unsplit, the others pass through."""
+    out = shape_of(g, node.outputs[0])
+    axis = node.params["axis"] % len(out)
+    f = Factors()
+    dims = [f.new(s) for i, s in enumerate(out) if i != axis]
+    operand = tuple(dims)
+    result = (*dims[:axis], (), *dims[axis:])
+    return OpRule((operand,) * len(node.inputs), (result,), tuple(f.sizes))
+
+
+def _unstack(node: Node, g: OpGraph) -> OpRule:
+    """``unstack`` along ``axis`` (the inverse of ``stack``): the unstacked dim stays whole,
+    the others pass through to every result."""
+    ins = shape_of(g, node.inputs[0])
+    axis = node.params["axis"] % len(ins)
+    f = Factors()
+    dims = [f.new(s) for s in ins]
+    out = tuple(d for i, d in enumerate(dims) if i != axis)
+    return OpRule(
+        (tuple(dims),),
+        (out,) * len(node.outputs),
+        tuple(f.sizes),
+        replicated=frozenset(dims[axis]),
+    )
+
+
 def _pad(node: Node, g: OpGraph) -> OpRule:
     ins = shape_of(g, node.inputs[0])
     f = Factors()
@@ -136,6 +181,9 @@ RULES: dict[str, RuleFn] = {
     "squeeze": _squeeze,
     "expand_dims": _reshape,
     "concatenate": _concatenate,
+    "split": _split,
+    "stack": _stack,
+    "unstack": _unstack,
     "pad": _pad,
     "iota": _iota,
 }
