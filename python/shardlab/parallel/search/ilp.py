@@ -7,6 +7,11 @@ continuous ``y[a, b] ≥ 0`` per distinct row ``a`` and distinct column ``b`` of
 ``x`` the only feasible ``y`` is their product, and its LP relaxation is much tighter than the
 ``y ≥ x_p + x_u − 1`` form. Separable matrices (``M = a + b``) fold into the units' own costs
 and constant ones vanish. Memory budgets are linear rows over ``x``.
+
+Limits: ``node_limit`` (branch-and-bound nodes) is a deterministic work limit, the same on
+an idle and a busy machine; ``time_limit`` is wall-clock, so a solve it cuts short may end
+at a different incumbent under load. ``IlpResult.limit`` says which one stopped a solve,
+and the message says so too.
 """
 
 from __future__ import annotations
@@ -32,8 +37,12 @@ class IlpResult:
         choice: candidate index per unit (``None`` when no feasible point was found).
         optimal: proven optimal (within HiGHS's default relative gap of 1e-4).
         objective: the model seconds of ``choice``.
-        message: HiGHS's status text.
+        message: HiGHS's status text (and, when a limit stopped the solve, which one).
         variables: number of variables.
+        limit: ``"node"`` or ``"time"`` when that limit stopped HiGHS before it proved
+            optimality (``"time"``: the result may depend on the machine's load), else
+            ``None``.
+        nodes: branch-and-bound nodes HiGHS explored (``None`` when it did not say).
     """
 
     choice: list[int] | None
@@ -41,6 +50,8 @@ class IlpResult:
     objective: float
     message: str
     variables: int
+    limit: str | None = None
+    nodes: int | None = None
 
 
 def ilp_size(space: Space) -> int:
@@ -85,17 +96,24 @@ def solve_ilp(
     space: Space,
     *,
     time_limit: float = 30.0,
+    node_limit: int | None = None,
     memory_rows: Sequence[tuple[list[np.ndarray], float]] = (),
 ) -> IlpResult:
     """Minimise the cost model exactly.
 
     Args:
         space: the strategy space.
-        time_limit: seconds for HiGHS; after it, the best incumbent (not proven optimal).
+        time_limit: seconds for HiGHS; after it, the best incumbent (not proven optimal,
+            and, being wall-clock, load-dependent: ``IlpResult.limit`` is ``"time"``).
+        node_limit: branch-and-bound nodes for HiGHS (deterministic); ``None``: no limit.
         memory_rows: ``(per unit coefficient arrays, budget)``: ``Σ coeff·x ≤ budget``.
     """
     result = solve_arrays(
-        own_costs(space), pair_matrices(space), time_limit=time_limit, memory_rows=memory_rows
+        own_costs(space),
+        pair_matrices(space),
+        time_limit=time_limit,
+        node_limit=node_limit,
+        memory_rows=memory_rows,
     )
     if result.choice is None:
         return result
@@ -107,6 +125,7 @@ def solve_arrays(
     pair_seconds: Pairs,
     *,
     time_limit: float = 30.0,
+    node_limit: int | None = None,
     memory_rows: Sequence[tuple[list[np.ndarray], float]] = (),
 ) -> IlpResult:
     """``solve_ilp`` on plain arrays: own costs per unit and summed pair matrices."""
@@ -174,15 +193,42 @@ def solve_arrays(
     # scipy's stubs type Bounds/LinearConstraint bounds as float; arrays are documented.
     bounds = Bounds(np.zeros(n), upper)  # pyright: ignore[reportArgumentType]
     rows_ok = LinearConstraint(a, np.asarray(lb), np.asarray(ub))  # pyright: ignore[reportArgumentType]
+    options: dict[str, float | int | bool] = {"time_limit": float(time_limit)}
+    options["disp"] = False
+    if node_limit is not None:
+        options["node_limit"] = int(node_limit)
     res = milp(
         c=np.asarray(cost),
         integrality=integrality,
         bounds=bounds,
         constraints=rows_ok,
-        options={"time_limit": float(time_limit), "disp": False},
+        options=options,
     )
+    limit = _limit_of(res.status, str(res.message))
+    message = str(res.message).strip()
+    if limit == "time":
+        message += (
+            f" [stopped by the {time_limit:g} s wall-clock time limit: on a busier machine "
+            "the result may differ; raise time_limit for a reproducible plan]"
+        )
+    elif limit == "node":
+        message = message.replace("The HiGHS status code was not recognized. ", "")
+        message += f" [stopped by the deterministic node limit of {node_limit} nodes]"
+    raw_nodes = getattr(res, "mip_node_count", None)
+    nodes = None if raw_nodes is None else int(raw_nodes)
     x = getattr(res, "x", None)
     if x is None:
-        return IlpResult(None, False, float("inf"), str(res.message), n)
+        return IlpResult(None, False, float("inf"), message, n, limit, nodes)
     choice = [int(np.argmax(x[offset[u] : offset[u + 1]])) for u in range(len(own))]
-    return IlpResult(choice, res.status == 0, float(res.fun) / SCALE, str(res.message), n)
+    return IlpResult(choice, res.status == 0, float(res.fun) / SCALE, message, n, limit, nodes)
+
+
+def _limit_of(status: int, message: str) -> str | None:
+    """Which limit stopped HiGHS: scipy's status 1 is a time (or iteration) limit, and a
+    node limit comes back as HiGHS's "solution limit" (status 4 in scipy 1.x)."""
+    text = message.lower()
+    if status == 1 or "time limit" in text:
+        return "time"
+    if "solution limit" in text or "node limit" in text:
+        return "node"
+    return None

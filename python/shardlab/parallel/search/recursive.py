@@ -19,6 +19,12 @@ units whose mutual edges form a forest is re-solved exactly by tree DP with ever
 fixed; orders: program, reverse, by weight) and then single-unit refinement. Every step is
 linear in units and edges times candidates² (bounded). Candidate lists and edge matrices are
 shared by identical layers (cached by signature in ``candidates.py``).
+
+Determinism: the exact sub-solves (the quotient ILP, the per-axis ILPs) are bounded by a
+branch-and-bound node limit sized by the problem (``sub_node_limit``), a work limit that is
+the same on an idle and a busy machine, so the same inputs give the same plan whatever the
+load. Their wall-clock limit is only a safety net far above normal solve times; a solve that
+any limit cut short is reported in ``notes``.
 """
 
 from __future__ import annotations
@@ -225,14 +231,63 @@ def greedy(space: Space, own: list[np.ndarray], seed: dict[int, int] | None = No
 
 QUOTIENT_MAX_VARIABLES = 30_000
 AXIS_ILP_MAX_UNITS = 1_500  # one exact ILP per mesh axis as a start point below this size
+# Sub-solve work limits: about SUB_NODE_WORK variable-nodes (nodes × variables), clamped.
+# The start-point ILPs of the bench and examples prove optimality at the root node.
+SUB_NODE_WORK = 5_000_000
+SUB_NODE_MIN, SUB_NODE_MAX = 50, 2_000
+SAFETY_TIME = 120.0  # seconds: a last resort, far above normal sub-solve times (< 1 s)
+
+
+def sub_node_limit(variables: int) -> int:
+    """The deterministic branch-and-bound node limit of a sub-solve with ``variables``
+    variables: larger problems get fewer (costlier) nodes."""
+    return int(min(SUB_NODE_MAX, max(SUB_NODE_MIN, SUB_NODE_WORK // max(1, variables))))
+
+
+def _sub_solve(
+    own: list[np.ndarray],
+    pairs: Pairs,
+    *,
+    time_limit: float,
+    what: str,
+    notes: list[str] | None,
+) -> list[int] | None:
+    """An exact sub-solve under the deterministic node limit (and the wall-clock safety
+    net); appends a note to ``notes`` when a limit stopped it or it found nothing."""
+    size = arrays_size(own, pairs)
+    nodes = sub_node_limit(size)
+    result = solve_arrays(own, pairs, time_limit=time_limit, node_limit=nodes)
+    if notes is not None:
+        if result.limit == "time":
+            notes.append(
+                f"recursive: the {what} ILP ({size} variables) hit its {time_limit:g} s "
+                "safety time limit; its start point may depend on the machine's load"
+            )
+        elif result.limit == "node":
+            notes.append(
+                f"recursive: the {what} ILP ({size} variables) stopped at its node limit "
+                f"({nodes} nodes, deterministic): its best incumbent is a start point, "
+                "not proven optimal"
+            )
+        if result.choice is None and result.limit is None:
+            notes.append(f"recursive: the {what} ILP found no feasible point: {result.message}")
+    return result.choice
 
 
 def repeated_start(
-    space: Space, own: list[np.ndarray], pairs: Pairs, *, time_limit: float, period: int = 2
+    space: Space,
+    own: list[np.ndarray],
+    pairs: Pairs,
+    *,
+    time_limit: float = SAFETY_TIME,
+    period: int = 2,
+    notes: list[str] | None = None,
 ) -> list[int] | None:
     """Solve the quotient of repeated structure exactly and copy the choice to every member;
     ``None`` when there is little repetition or the quotient is too large. Repeats are
-    split by parity (``period``) so alternating layer strategies stay reachable."""
+    split by parity (``period``) so alternating layer strategies stay reachable.
+    ``time_limit`` is the wall-clock safety net of each sub-solve (the node limit is what
+    bounds them); ``notes`` receives a line when a limit cut one short."""
 
     n = len(space.units)
     base = colours(space)
@@ -249,10 +304,17 @@ def repeated_start(
     if size <= QUOTIENT_MAX_VARIABLES or len(space.sizes) == 1:
         if size > 2 * QUOTIENT_MAX_VARIABLES:
             return None
-        result = solve_arrays(q_own, q_pairs, time_limit=time_limit)
-        q_choice = result.choice
+        q_choice = _sub_solve(q_own, q_pairs, time_limit=time_limit, what="quotient", notes=notes)
     else:
-        q_choice = solve_by_axis(q_own, q_pairs, axis_of, len(space.sizes), time_limit=time_limit)
+        q_choice = solve_by_axis(
+            q_own,
+            q_pairs,
+            axis_of,
+            len(space.sizes),
+            time_limit=time_limit,
+            notes=notes,
+            what="quotient",
+        )
     if q_choice is None:
         return None
     return [q_choice[c] for c in col]
@@ -264,11 +326,14 @@ def solve_by_axis(
     axis_of: list[list[tuple[int, ...]]],
     n_axes: int,
     *,
-    time_limit: float,
+    time_limit: float = SAFETY_TIME,
+    notes: list[str] | None = None,
+    what: str = "per-axis",
 ) -> list[int] | None:
     """One mesh axis at a time (recursive bisection of the mesh): first every unit chooses
     where mesh axis 0 goes with the other axes unused, then, with those fixed, axis 1, and
-    so on; each step is an exact ILP over a few candidates per unit."""
+    so on; each step is an exact ILP over a few candidates per unit, bounded by the
+    deterministic node limit (``time_limit``: each step's wall-clock safety net)."""
 
     n = len(own)
     fixed: list[dict[int, int]] = [{} for _ in range(n)]
@@ -285,10 +350,16 @@ def solve_by_axis(
             keep.append(np.asarray(ok or [0]))
         sub_own = [own[u][keep[u]] for u in range(n)]
         sub_pairs = {(a, b): m[np.ix_(keep[a], keep[b])] for (a, b), m in pairs.items()}
-        result = solve_arrays(sub_own, sub_pairs, time_limit=time_limit / n_axes)
-        if result.choice is None:
+        sub = _sub_solve(
+            sub_own,
+            sub_pairs,
+            time_limit=time_limit,
+            what=f"{what} (mesh axis {axis})",
+            notes=notes,
+        )
+        if sub is None:
             return choice
-        choice = [int(keep[u][k]) for u, k in enumerate(result.choice)]
+        choice = [int(keep[u][k]) for u, k in enumerate(sub)]
         for u in range(n):
             ax = axis_of[u][choice[u]] if axis_of[u] else ()
             fixed[u][axis] = ax[axis] if ax else -1
@@ -303,7 +374,8 @@ def solve_recursive(
     keep: Callable[[list[int]], None] | None = None,
     seeds: Sequence[dict[int, int]] = (),
     starts: str = "tree",
-    quotient_time: float = 4.0,
+    quotient_time: float = SAFETY_TIME,
+    notes: list[str] | None = None,
 ) -> list[int]:
     """A near-linear assignment: start points, forest block descent, local refinement.
 
@@ -317,16 +389,24 @@ def solve_recursive(
             exactly (when there is repetition), else one exact ILP per mesh axis (graphs up
             to ``AXIS_ILP_MAX_UNITS`` units), the spanning-tree DP and ``seeds``;
             ``"greedy"`` adds program-order propagation from the fixed units (semi-auto).
-        quotient_time: seconds the ILP may spend on the quotient of repeated layers.
+        quotient_time: the wall-clock safety net of each exact sub-solve (the quotient
+            ILP, each per-axis ILP), far above normal solve times. What bounds them is a
+            deterministic node limit (``sub_node_limit``), so the result does not depend
+            on the machine's load.
+        notes: receives a line for every sub-solve a limit cut short (node limit:
+            deterministic; time limit: load-dependent) or that found no feasible point;
+            the plan's notes, typically.
     """
     own = own_costs(space, extra)
     pairs = pair_matrices(space)
     n = len(space.units)
-    folded = repeated_start(space, own, pairs, time_limit=quotient_time)
+    folded = repeated_start(space, own, pairs, time_limit=quotient_time, notes=notes)
     points = [] if folded is None else [folded]
     if n <= AXIS_ILP_MAX_UNITS:
         axis_of = [[k.axis_of for k in u.cands] for u in space.units]
-        by_axis = solve_by_axis(own, pairs, axis_of, len(space.sizes), time_limit=quotient_time)
+        by_axis = solve_by_axis(
+            own, pairs, axis_of, len(space.sizes), time_limit=quotient_time, notes=notes
+        )
         if by_axis is not None:
             points.append(by_axis)
     if folded is None:  # large graphs with repetition refine only the folded solution
