@@ -3,7 +3,9 @@
 Trace once (``graph/trace.py``), build the strategy space (``build.py``), choose one candidate per unit with the
 requested method, and turn the choice into a plan: input/output layouts, the intermediate
 constraints that pin it, its predicted ``CostBreakdown`` and a table of decisions. Nothing
-is compiled to decide.
+is compiled to decide between candidates inside a method; ``auto`` alone compiles its plan
+and a few baselines at the end to confirm its choice (``confirm.py``), and a memory budget
+may be checked by compiling.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from shardlab.parallel.search.choice import (
     choice_from_layouts,
     make_plan,
 )
+from shardlab.parallel.search.confirm import Reports
+from shardlab.parallel.search.confirm import confirm as confirm_compiled
 from shardlab.parallel.search.ilp import ilp_size
 from shardlab.parallel.search.methods import Best, Solver
 from shardlab.parallel.search.scan_ties import tie_scan_choices
@@ -53,6 +57,7 @@ def search(
     progress: Callable[[float, str], None] | None = None,
     time_limit: float = 30.0,
     verify_budget: bool | None = None,
+    confirm: bool | None = None,
 ) -> Plan:
     """Search a sharding strategy for ``fn(*args)`` on ``mesh``.
 
@@ -65,8 +70,9 @@ def search(
             improved), ``"recursive"`` (near-linear: repeated layers solved once on their
             quotient, exact block descent over forests; see ``recursive.py``), ``"ilp"``
             (exact minimum of the cost model, HiGHS) or ``"auto"`` (ILP when the problem is
-            small, else recursive, and a baseline when one is predicted faster; the plan's
-            method and notes say which).
+            small, else recursive, then compared with the standard baselines, compiled when
+            ``confirm``; a baseline is returned when it is faster, e.g. method
+            ``auto:ilp→data_parallel``; the plan's method and notes say which and why).
         annotations: ``{argument path: PartitionSpec}``, e.g. ``{"params/w1": P(None, "m")}``
             or ``{(0, "w1"): ...}``; fixed, the rest is searched.
         memory_budget: bytes per device the plan must fit (parameters, optimizer state,
@@ -81,6 +87,17 @@ def search(
             tighter model budget when it does not. ``None``: only for graphs of at most
             ``VERIFY_MAX_EQUATIONS`` equations, whose compile takes about a second; the
             search itself never compiles.
+        confirm: for ``method="auto"`` without annotations, compile the search's plan and
+            a few baselines before returning, and return the one with the lowest *compiled*
+            objective (alpha-beta seconds of the compiled collectives under ``device`` plus
+            compiled flops per device at peak; ties keep the search's plan); one over
+            ``memory_budget`` once compiled is not eligible. Compiled are the search's plan,
+            the three baselines the cost model predicts cheapest (where its ranking is most
+            likely to be wrong in a way that matters) and data parallel (the reference any
+            comparison makes), each layout once: about a second per compile on a small
+            graph. The notes give the predicted and the compiled figures. ``None``: only for
+            graphs of at most ``VERIFY_MAX_EQUATIONS`` equations; ``False``: the predicted
+            ranking alone decides (no compile).
 
     Raises:
         SearchError: the function does not trace, an unknown method, unknown or
@@ -113,6 +130,8 @@ def search(
     problem = _Problem(traced, mesh, profile)
     if verify_budget is None:
         verify_budget = len(graph.nodes) <= VERIFY_MAX_EQUATIONS
+    if confirm is None:
+        confirm = len(graph.nodes) <= VERIFY_MAX_EQUATIONS
     target = None if memory_budget is None else float(memory_budget)
     budget_bytes = float("inf") if memory_budget is None else float(memory_budget)
     for attempt in range(3 if verify_budget else 1):
@@ -153,11 +172,14 @@ def search(
             start=start,
         )
         if method == "auto" and complete and not annotations:
-            plan = _portfolio(plan, problem, target)
+            if confirm:
+                plan = _confirmed(plan, problem, memory_budget, target, report)
+            else:
+                plan = _portfolio(plan, problem, target)
         if memory_budget is None or not verify_budget or not complete:
             break
         report(0.97, "compiling to check the memory budget")
-        compiled = plan.verify().memory.total
+        compiled = problem.reports.get(plan).memory.total  # reused when auto confirmed it
         if compiled <= memory_budget:
             plan = dataclasses.replace(
                 plan,
@@ -184,6 +206,7 @@ class _Problem:
     traced: Traced
     mesh: Mesh
     profile: DeviceProfile
+    reports: Reports = dataclasses.field(default_factory=Reports, compare=False)
 
     @functools.cached_property
     def baselines(self) -> dict[str, Plan]:
@@ -214,7 +237,7 @@ def _compiled_baseline(
     """
     options = problem.baselines
     for name, p in sorted(options.items(), key=lambda item: item[1].cost.time):
-        compiled = p.verify().memory.total
+        compiled = problem.reports.get(p).memory.total
         if compiled <= budget:
             note = (
                 f"the searched plans compile over the budget, so the fastest baseline that "
@@ -231,6 +254,32 @@ def _compiled_baseline(
         f"no plan fits memory_budget={budget:.0f} bytes per device once compiled: {why}; no "
         "baseline compiles within it either. Raise the budget, or use a larger mesh."
     )
+
+
+def _confirmed(
+    plan: Plan,
+    problem: _Problem,
+    memory_budget: float | None,
+    target: float | None,
+    report: Callable[[float, str], None],
+) -> Plan:
+    """``auto``'s choice confirmed on compiled truth (``confirm.py``): the search's plan or
+    a baseline, whichever compiles to the lowest objective within ``memory_budget``. An
+    interrupt while compiling falls back to the predicted ranking (``_portfolio``)."""
+    try:
+        chosen, _ = confirm_compiled(
+            plan, problem.baselines, problem.profile, memory_budget, problem.reports, report
+        )
+    except KeyboardInterrupt:
+        plan = dataclasses.replace(
+            plan,
+            notes=(
+                *plan.notes,
+                "interrupted while compiling to confirm: the predicted ranking decides",
+            ),
+        )
+        return _portfolio(plan, problem, target)
+    return chosen
 
 
 def _portfolio(plan: Plan, problem: _Problem, budget: float | None) -> Plan:

@@ -1,0 +1,270 @@
+"""``auto``'s last step: confirm its choice on compiled truth (issue 17).
+
+The cost model ranks the search's plan against the standard baselines; on models it
+misprices, the predicted-cheapest plan can compile to several times the communication of
+data parallel. So before ``auto`` returns, the search's plan and a few baselines are
+compiled and the one with the lowest *compiled objective* is returned:
+
+    objective = alpha-beta seconds of the compiled collectives (``profile.time_of``, each
+                counted its trip count)
+              + ``profile.op_time(flops, bytes accessed)``: the roofline of the compiled
+                program's per-device totals, max(flops / peak_flops, bytes / memory_bandwidth)
+
+Every figure is read from the compiled program (HLO collectives, ``cost_analysis`` flops and
+bytes accessed), never from a clock, so the choice does not depend on machine load. The
+roofline matters: flops at peak alone call a replicated weight that every device streams
+free, and would prefer data parallel to Megatron for a small-batch, wide layer where the
+cost model (a roofline per operation) rightly prefers Megatron; a roofline of the totals is
+the program-level form of the same model (never above the sum of per-operation rooflines).
+
+A candidate whose compiled per-device memory exceeds the budget is not eligible. Ties (within
+``TIE``) go to the search's own plan. Each plan is compiled once: ``Reports`` memoises by layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Hashable, Mapping, Sequence
+
+import jax
+from jax.sharding import NamedSharding
+
+from shardlab.parallel.compiled.analyze import compile_sharded, spec_text
+from shardlab.parallel.compiled.hlo import collectives_from_hlo
+from shardlab.parallel.cost.profiles import DeviceProfile
+from shardlab.parallel.mesh import mesh_shape_of
+from shardlab.parallel.plan.plan import Plan
+from shardlab.parallel.records import MemoryBreakdown, Report
+
+BASELINES_COMPILED = 3  # the cheapest predicted baselines compiled, plus data_parallel
+REFERENCE = "data_parallel"
+TIE = 0.005
+"""Relative margin by which a baseline must compile faster to replace the search's plan (and
+by which the search's plan must beat every baseline for the notes to say so): plans with the
+same collectives differ in compiled flops by a few fusions, which is no reason to switch."""
+
+
+def plan_key(plan: Plan) -> Hashable:
+    """What decides a plan's compiled program: its layouts and constraints."""
+    return (plan.input_specs, plan.output_specs, plan.constraints, plan.operand_constraints)
+
+
+def compile_plan(plan: Plan) -> tuple[Report, float]:
+    """One compile of ``plan``: the ``Report`` ``plan.verify()`` reads, and the bytes its
+    operations access per device (``cost_analysis``'s "bytes accessed", which a ``Report``
+    does not keep)."""
+    mesh = plan.mesh  # raises for an unbound plan
+    assert plan.binding is not None
+    compiled = compile_sharded(
+        plan.function(),
+        tuple(plan.binding.args),
+        mesh=mesh,
+        in_shardings=plan.in_shardings,
+        out_shardings=plan.out_shardings,
+    )
+    hlo = compiled.as_text() or ""
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    if isinstance(cost, list):  # older jax returned one dict per program
+        cost = cost[0] if cost else {}
+    cost = cost or {}
+
+    def specs(tree: object) -> tuple[str, ...]:
+        leaves = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, NamedSharding))
+        return tuple(spec_text(s) for s in leaves)
+
+    report = Report(
+        collectives=collectives_from_hlo(hlo, mesh_shape_of(mesh)),
+        memory=MemoryBreakdown(
+            argument=int(getattr(mem, "argument_size_in_bytes", 0)),
+            output=int(getattr(mem, "output_size_in_bytes", 0)),
+            alias=int(getattr(mem, "alias_size_in_bytes", 0)),
+            temp=int(getattr(mem, "temp_size_in_bytes", 0)),
+        ),
+        flops=float(cost.get("flops", 0.0)),
+        input_shardings=specs(compiled.input_shardings[0]),
+        output_shardings=specs(compiled.output_shardings),
+        mesh_shape=mesh_shape_of(mesh),
+        hlo=hlo,
+    )
+    return report, float(cost.get("bytes accessed", 0.0))
+
+
+@dataclasses.dataclass
+class Reports:
+    """Compiled figures by plan layout, so no plan is compiled twice in one search."""
+
+    by_key: dict[Hashable, tuple[Report, float]] = dataclasses.field(default_factory=dict)
+
+    def compiled(self, plan: Plan) -> tuple[Report, float]:
+        """``(report, bytes accessed per device)``, compiling on the first request."""
+        key = plan_key(plan)
+        if key not in self.by_key:
+            self.by_key[key] = compile_plan(plan)
+        return self.by_key[key]
+
+    def get(self, plan: Plan) -> Report:
+        return self.compiled(plan)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """One candidate's compiled figures under the search's profile."""
+
+    name: str
+    plan: Plan
+    report: Report
+    comm_time: float
+    compute_time: float
+    eligible: bool
+
+    @property
+    def objective(self) -> float:
+        return self.comm_time + self.compute_time
+
+
+def compiled_objective(
+    report: Report, bytes_accessed: float, profile: DeviceProfile
+) -> tuple[float, float]:
+    """``(comm seconds, compute seconds)`` of a compiled program (see the module docstring)."""
+    comm = sum(profile.time_of(c) for c in report.collectives)
+    return comm, profile.op_time(report.flops, bytes_accessed)
+
+
+def choose_candidates(
+    searched: Plan, baselines: Mapping[str, Plan], budget: float | None
+) -> list[tuple[str, Plan]]:
+    """The search's plan, then the ``BASELINES_COMPILED`` cheapest predicted baselines that
+    fit ``budget`` by prediction, then data parallel (the reference every comparison makes)
+    if it fits and is not among them; a baseline with the same layouts as an earlier
+    candidate is dropped (it compiles to the same program)."""
+    fits = sorted(
+        (
+            (name, p)
+            for name, p in baselines.items()
+            if budget is None or p.cost.memory.peak <= budget
+        ),
+        key=lambda item: item[1].cost.time,
+    )
+    picked = fits[:BASELINES_COMPILED]
+    picked += [(n, p) for n, p in fits[BASELINES_COMPILED:] if n == REFERENCE]
+    out: list[tuple[str, Plan]] = [(searched.method, searched)]
+    seen = {plan_key(searched)}
+    for name, p in picked:
+        if plan_key(p) not in seen:
+            seen.add(plan_key(p))
+            out.append((name, p))
+    return out
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
+
+
+def size(nbytes: float) -> str:
+    """Bytes in human units (B, KiB, MiB, GiB)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def confirm(
+    searched: Plan,
+    baselines: Mapping[str, Plan],
+    profile: DeviceProfile,
+    budget: float | None,
+    reports: Reports,
+    report: Callable[[float, str], None],
+    fraction: tuple[float, float] = (0.95, 0.97),
+) -> tuple[Plan, Report]:
+    """Compile the search's plan and the chosen baselines; return the eligible one with the
+    lowest compiled objective (ties: the search's plan) and its report, with notes giving
+    the compiled comparison. When none fits ``budget`` once compiled, the search's plan is
+    returned (the caller's budget check then tightens the search).
+
+    ``report(fraction, message)`` is called before each compile; a ``KeyboardInterrupt``
+    from it propagates (the caller falls back to the predicted ranking).
+    """
+    candidates = choose_candidates(searched, baselines, budget)
+    lo, hi = fraction
+    done: list[Compiled] = []
+    for i, (name, p) in enumerate(candidates):
+        report(lo + (hi - lo) * i / len(candidates), f"compiling {name} to confirm")
+        r, nbytes = reports.compiled(p)
+        comm, compute = compiled_objective(r, nbytes, profile)
+        fits = budget is None or r.memory.total <= budget
+        done.append(Compiled(name, p, r, comm, compute, fits))
+    own = done[0]
+    eligible = [c for c in done if c.eligible]
+    best = min(eligible, key=lambda c: c.objective) if eligible else own
+    if own.eligible and own.objective <= best.objective * (1 + TIE):
+        best = own
+    notes = [
+        _predicted_line(searched, candidates),
+        _compiled_line(done, best, budget, profile),
+        _verdict(own, best, done),
+    ]
+    if best is own:
+        return dataclasses.replace(searched, notes=(*searched.notes, *notes)), own.report
+    chosen = dataclasses.replace(
+        best.plan,
+        method=f"{searched.method}→{best.name}",
+        optimal=None,
+        notes=(*searched.notes, *notes),
+        memory_budget=searched.memory_budget,
+    )
+    return chosen, best.report
+
+
+def _predicted_line(searched: Plan, candidates: Sequence[tuple[str, Plan]]) -> str:
+    figures = ", ".join(f"{n} {ms(p.cost.time)}" for n, p in candidates)
+    return f"predicted (the cost model's ranking, confirmed by compiling): {figures}"
+
+
+def _compiled_line(
+    done: Sequence[Compiled], best: Compiled, budget: float | None, profile: DeviceProfile
+) -> str:
+    parts = []
+    for c in done:
+        over = "" if c.eligible else f", over the budget {size(budget or 0)}"
+        parts.append(
+            f"{c.name} {ms(c.objective)} ({size(c.report.total_comm_bytes)} comm, "
+            f"{size(c.report.memory.total)}/device{over})"
+        )
+    if not best.eligible:
+        why = "none fits the budget once compiled"
+    elif best is done[0]:
+        why = "the search's plan, compiled fastest or tied"
+    elif not done[0].eligible:
+        why = "compiled fastest within the budget"
+    else:
+        why = "compiled fastest"
+    return f"compiled ({profile.name}): {', '.join(parts)} → {best.name} returned ({why})"
+
+
+def _verdict(own: Compiled, best: Compiled, done: Sequence[Compiled]) -> str:
+    others = [c for c in done if c is not own]
+    if not others:
+        return "auto: no baseline to compare with once compiled"
+    if not best.eligible:
+        return "auto: no candidate fits the budget once compiled; the search's plan is kept"
+    if best is not own:
+        if not own.eligible:
+            return (
+                f"auto: the {own.name} plan compiles over the budget; baseline {best.name} "
+                f"({ms(best.objective)}) is the fastest that fits, so it is returned"
+            )
+        return (
+            f"auto: baseline {best.name} compiles faster ({ms(best.objective)}) than the "
+            f"{own.name} plan ({ms(own.objective)}), so it is returned"
+        )
+    rival = min(others, key=lambda c: c.objective)
+    if all(own.objective < c.objective * (1 - TIE) for c in others):
+        return (
+            f"auto: the search's plan beats every baseline compiled ({len(others)}; best: "
+            f"{rival.name} {ms(rival.objective)})"
+        )
+    tied = [c.name for c in others if c.objective <= own.objective * (1 + TIE)]
+    ties = f"ties {', '.join(tied)}" if tied else "is not beaten"
+    return f"auto: the search's plan {ties} once compiled, and is kept"
