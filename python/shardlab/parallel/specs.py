@@ -130,20 +130,19 @@ def check_spec(spec: PartitionSpec, shape: Sequence[int], mesh: Mesh, *, where: 
         )
     seen: set[str] = set()
     fixed: list[list[str]] = []
+    written = {a for axes in entries for a in axes if a in sizes}  # valid axes the spec names
     for dim, axes in enumerate(entries[: len(shape)]):
         keep: list[str] = []
         for axis in axes:
             if axis not in sizes:
-                close = difflib.get_close_matches(axis, list(sizes), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                sub, hint = _replacement(axis, int(shape[dim]), keep, sizes, written | seen)
                 problems.append(
                     f"dimension {dim} names mesh axis {axis!r}, which the mesh does not have; "
                     f"mesh axes are {sizes}{hint}"
                 )
-                if close and close[0] not in seen:
-                    axis = close[0]
-                else:
+                if sub is None:
                     continue
+                axis = sub
             if axis in seen:
                 problems.append(f"mesh axis {axis!r} is used twice (again in dimension {dim})")
                 continue
@@ -163,6 +162,36 @@ def check_spec(spec: PartitionSpec, shape: Sequence[int], mesh: Mesh, *, where: 
             f"{where}: spec {spec} does not fit the array of shape {tuple(shape)} on mesh "
             f"{sizes}: " + "; ".join(problems) + f". Nearest valid spec: {make_spec(fixed)}"
         )
+
+
+def _replacement(
+    axis: str, size: int, keep: Sequence[str], sizes: dict[str, int], taken: set[str]
+) -> tuple[str | None, str]:
+    """For a mesh axis name the mesh lacks: the axis the nearest valid spec puts in its
+    place, and a hint saying why. The closest name (``difflib``) when it is free and
+    divides ``size`` (with the axes ``keep`` already on the dimension), else the free axis
+    that divides with the most similar name, else ``None`` (the dimension stays unsplit)."""
+    base = math.prod(sizes[a] for a in keep)
+    free = [a for a in sizes if a not in taken and a not in keep and size % (base * sizes[a]) == 0]
+    lowered = {a.lower(): a for a in sizes}
+    close = [lowered[c] for c in difflib.get_close_matches(axis.lower(), list(lowered), n=1)]
+    if close and close[0] in free:
+        return close[0], f" (did you mean {close[0]!r}?)"
+    ranked = sorted(
+        free, key=lambda a: -difflib.SequenceMatcher(None, axis.lower(), a.lower()).ratio()
+    )
+    if close:
+        why = (
+            "is already used"
+            if close[0] in taken or close[0] in keep
+            else f"does not divide size {size}"
+        )
+        head = f" (did you mean {close[0]!r}? it {why}"
+    else:
+        head = " (no mesh axis has a similar name"
+    if ranked:
+        return ranked[0], f"{head}; {ranked[0]!r} is free and divides size {size})"
+    return None, f"{head}; no free mesh axis divides size {size}, so leave it unsplit)"
 
 
 def resolve_shardings(
