@@ -281,22 +281,44 @@ def test_typed_key_dtype_in_the_graph():
         assert g.dtypes[g.outputs[0]] == np.dtype(dt)
 
 
-def test_cond_and_while_stay_single_nodes_and_do_not_crash():
-    """cond/while keep no factor rule (a single node, replicated in the search; predict
-    costs cond's most communicating branch and a while body once)."""
+def _cond_while(w, x):
+    h = jnp.tanh(x @ w)
+    # the first branch keeps both dims, the second contracts dim 1: only dim 0 is shardable
+    y = lax.cond(h.sum() > 0, lambda a: a * 2, lambda a: (a - 1) @ jnp.eye(a.shape[1]), h)
+    z = lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.tanh(c[1]) * 1.1), (0, y))
+    return (z[1] ** 2).mean()
 
-    def fn(x):
-        y = lax.cond(x.sum() > 0, lambda a: a * 2, lambda a: a - 1, x)
-        return lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 1.1), (0, y))[1]
 
-    x = _x(8, 16)
+def _cond_only(w, x):
+    h = jnp.tanh(x @ w)
+    return lax.cond(h.sum() > 0, lambda a: (a * 2) ** 2, lambda a: jnp.sin(a), h).mean()
+
+
+@pytest.mark.slow
+def test_cond_and_while_rules_come_from_their_bodies():
+    """cond/while stay single nodes; their rules link each operand/result dim through the
+    bodies' own rules (see ``rules/control.py``): dims that only meet pass-through factors
+    can be sharded, the rest stay whole. predict still costs cond's most communicating
+    branch and a while body once; the search now shards through them."""
+    args = (_x(64, 64) * 0.1, _x(1024, 64))
+    g = trace(_cond_while, *args).graph
+    cond = next(n for n in g.nodes if n.primitive == "cond")
+    loop = next(n for n in g.nodes if n.primitive == "while")
+    rc, rw = rule_for(cond, g), rule_for(loop, g)
+    assert rc.known and rc.operands[0] == () and rc.operands[1][0] and rc.operands[1][1] == ()
+    assert rc.results[0] == rc.operands[1]
+    (count, value), (count_out, value_out) = rw.operands, rw.results
+    assert count == count_out == () and value == value_out and all(value)
     mesh = _mesh(M8)
-    g = trace(fn, x).graph
-    assert {"cond", "while"} <= set(g.primitive_counts())
-    pred = shardlab.predict(fn, x, mesh=mesh, in_shardings=(P("data"),))
-    assert any("while loop" in w for w in pred.warnings)
-    plan = shardlab.search(fn, x, mesh=mesh)
-    np.testing.assert_allclose(plan.jit()(x), fn(x), rtol=1e-5, atol=1e-6)
+    for fn in (_cond_while, jax.grad(_cond_only, (0, 1))):
+        plan = shardlab.search(fn, *args, mesh=mesh)
+        assert not [w for w in plan.cost.warnings if "no sharding rule" in w], plan.cost.warnings
+        assert plan.in_shardings[1].spec == P("data")  # the batch is sharded through them
+        got, want = jax.tree.leaves(plan.jit()(*args)), jax.tree.leaves(fn(*args))
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        real = plan.verify()
+        assert _nonzero(plan.cost.comm_bytes) == pytest.approx(_nonzero(real.comm_bytes))
 
 
 # -- the probe models ----------------------------------------------------------------------

@@ -17,6 +17,7 @@ import os
 from shardlab.parallel.graph.opgraph import Node, OpGraph
 from shardlab.parallel.graph.rules import (
     contraction,
+    control,
     elementwise,
     indexing,
     prng,
@@ -41,6 +42,14 @@ RULES: dict[str, RuleFn] = {
 
 # (primitive, error text) of rules that raised, in this process (strict mode off).
 rule_failures: list[tuple[str, str]] = []
+
+
+def _rule_for(node: Node, graph: OpGraph) -> OpRule:
+    return rule_for(node, graph)
+
+
+# cond/while rules are derived from their bodies, whose equations take the rules above
+RULES.update(control.control_rules(_rule_for))
 
 
 def strict_rules() -> bool:
