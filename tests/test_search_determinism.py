@@ -60,8 +60,16 @@ def m42():
 CASES = {"moe": examples.moe, "gpt2": lambda: examples.gpt(2)}
 
 
-@pytest.mark.parametrize("method", ["recursive", "auto"])
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize(
+    ("name", "method"),
+    [
+        ("moe", "recursive"),
+        ("moe", "auto"),
+        ("gpt2", "recursive"),
+        # auto compiles several plans to confirm its choice: ~30 s on a loaded 2-core machine
+        pytest.param("gpt2", "auto", marks=pytest.mark.slow),
+    ],
+)
 def test_same_plan_on_an_idle_and_a_busy_machine(name, method, m42):
     case = CASES[name]()
     idle = search(case.fn, *case.args, mesh=m42, method=method, device="cpu-sim")
@@ -119,9 +127,9 @@ def test_sub_node_limit_shrinks_with_size():
 
 
 def _hard_problem(seed: int = 0):
-    """Graph 3-colouring-like: HiGHS needs thousands of nodes to prove the optimum."""
+    """Graph 3-colouring-like: HiGHS needs ~150 nodes to prove the optimum."""
     rng = np.random.default_rng(seed)
-    n, k = 30, 3
+    n, k = 22, 3
     own = [np.zeros(k) for _ in range(n)]
     pairs = {
         (a, b): np.eye(k) + 0.3 * rng.random((k, k))
