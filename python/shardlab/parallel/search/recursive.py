@@ -233,7 +233,7 @@ QUOTIENT_MAX_VARIABLES = 30_000
 AXIS_ILP_MAX_UNITS = 1_500  # one exact ILP per mesh axis as a start point below this size
 # Sub-solve work limits: about SUB_NODE_WORK variable-nodes (nodes × variables), clamped.
 # The start-point ILPs of the bench and examples prove optimality at the root node.
-SUB_NODE_WORK = 5_000_000
+SUB_NODE_WORK = 2_000_000
 SUB_NODE_MIN, SUB_NODE_MAX = 50, 2_000
 SAFETY_TIME = 120.0  # seconds: a last resort, far above normal sub-solve times (< 1 s)
 
