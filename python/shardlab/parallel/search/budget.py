@@ -8,7 +8,6 @@ checks the final plan on the compiled program when the graph is small.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -18,6 +17,7 @@ from shardlab.parallel.cost.memory import peak_points
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.search.choice import memory_of, peak_buffers, space_liveness
 from shardlab.parallel.search.methods import Solver
+from shardlab.parallel.search.recursive import SAFETY_TIME, sub_node_limit
 from shardlab.parallel.search.space import Space
 
 
@@ -90,15 +90,18 @@ def solve_within_budget(
     found: list[tuple[float, list[int], bool | None, str]] = []
     if method == "ilp":
         # Rows at the replicated profile's peaks, then a cut at each solution's own peak
-        # until the solution fits (the peak moves with the layouts).
-        # One time limit for all the cuts together.
+        # until the solution fits (the peak moves with the layouts). At most 8 cuts, each
+        # solve bounded by a deterministic node limit (the wall clock only as a safety net),
+        # so the plan does not depend on how busy the machine is.
         rows = _memory_rows(space, budget)
-        deadline = time.perf_counter() + time_limit
         for _ in range(8):
-            left = deadline - time.perf_counter()
-            if left < 0.5:
-                break
-            choice, optimal = solver.run(method, time_limit=left, memory_rows=rows)
+            variables = sum(len(u.cands) for u in space.units)
+            choice, optimal = solver.run(
+                method,
+                time_limit=max(time_limit, SAFETY_TIME),
+                memory_rows=rows,
+                node_limit=sub_node_limit(variables),
+            )
             mem = fits(choice)
             smallest = min(smallest, mem)
             if mem <= budget:

@@ -80,29 +80,36 @@ class Solver:
         time_limit: float,
         extra: list[np.ndarray] | None = None,
         memory_rows: Sequence[tuple[list[np.ndarray], float]] = (),
+        node_limit: int | None = None,
         quiet: bool = False,
     ) -> tuple[list[int], bool | None]:
         """One method's choice and whether it is proven optimal (``None``: not an exact
         method). ``extra``: per-unit costs added (a memory penalty); ``memory_rows``: linear
-        memory constraints for the ILP; ``quiet``: add no notes."""
+        memory constraints for the ILP; ``node_limit``: the ILP's deterministic work limit
+        (``None``: only ``time_limit``); ``quiet``: add no notes."""
         space, keep = self.space, self.best.keep
         notes = [] if quiet else self.notes
         if method == "propagate":
-            return solve_recursive(space, extra=extra, keep=keep, starts="greedy"), None
+            choice = solve_recursive(space, extra=extra, keep=keep, starts="greedy", notes=notes)
+            return choice, None
         if method == "recursive":
             seeds = batch_seeds(space, self.n_batch_leaves)
 
             def on_sweep(i: int) -> None:  # the number of steps is not known in advance
                 self.report(0.4 + 0.5 * i / (i + 2), f"forest descent step {i}")
 
-            choice = solve_recursive(space, extra=extra, on_sweep=on_sweep, keep=keep, seeds=seeds)
+            choice = solve_recursive(
+                space, extra=extra, on_sweep=on_sweep, keep=keep, seeds=seeds, notes=notes
+            )
             return choice, None
-        result = solve_ilp(space, time_limit=time_limit, memory_rows=list(memory_rows))
+        result = solve_ilp(
+            space, time_limit=time_limit, memory_rows=list(memory_rows), node_limit=node_limit
+        )
         notes.append(
             f"ilp: {result.variables} variables, {result.message.strip()}"
             + ("" if result.optimal else " (not proven optimal)")
         )
         if result.choice is None:
             notes.append("ilp found no feasible point in time: recursive result used instead")
-            return solve_recursive(space, extra=extra, keep=keep), False
+            return solve_recursive(space, extra=extra, keep=keep, notes=notes), False
         return result.choice, result.optimal
