@@ -152,3 +152,21 @@ def test_confirm_never_returns_an_ineligible_candidate():
 def test_objective_and_units():
     assert C.size(512) == "512 B" and C.size(3 * 2**10) == "3.00 KiB"
     assert C.size(5 * 2**20) == "5.00 MiB" and C.ms(4.12e-4) == "0.412 ms"
+
+
+def test_a_baseline_that_does_not_compile_is_left_out(monkeypatch):
+    case, mesh = examples.mlp(64, 64, train=False), shardlab.mesh(data=8)
+    searched = search(case.fn, *case.args, mesh=mesh, device=PROFILE, method="ilp")
+    base = strategies.baselines(case.fn, *case.args, mesh=mesh, device=PROFILE)
+    compile_plan = C.compile_plan
+
+    def failing(plan: Plan):
+        if plan is not searched:
+            raise ValueError("no")
+        return compile_plan(plan)
+
+    monkeypatch.setattr(C, "compile_plan", failing)
+    chosen, _ = C.confirm(searched, base, PROFILE, None, C.Reports(), lambda f, m: None)
+    assert chosen.method == "ilp"
+    assert any("did not compile (ValueError)" in n for n in chosen.notes), chosen.notes
+    assert not any("beats every baseline" in n for n in chosen.notes)

@@ -189,9 +189,16 @@ def confirm(
     candidates = choose_candidates(searched, baselines, budget)
     lo, hi = fraction
     done: list[Compiled] = []
+    failed: list[str] = []
     for i, (name, p) in enumerate(candidates):
         report(lo + (hi - lo) * i / len(candidates), f"compiling {name} to confirm")
-        r, nbytes = reports.compiled(p)
+        try:
+            r, nbytes = reports.compiled(p)
+        except Exception as e:  # a baseline is optional; the search's own plan must compile
+            if i == 0:
+                raise
+            failed.append(f"{name} did not compile ({type(e).__name__}), so is not compared")
+            continue
         comm, compute = compiled_objective(r, nbytes, profile)
         fits = budget is None or r.memory.total <= budget
         done.append(Compiled(name, p, r, comm, compute, fits))
@@ -204,6 +211,7 @@ def confirm(
         _predicted_line(searched, candidates),
         _compiled_line(done, best, budget, profile),
         _verdict(own, best, done),
+        *failed,
     ]
     if best is own:
         return dataclasses.replace(searched, notes=(*searched.notes, *notes)), own.report

@@ -90,8 +90,10 @@ def search(
         confirm: for ``method="auto"`` without annotations, compile the search's plan and
             a few baselines before returning, and return the one with the lowest *compiled*
             objective (alpha-beta seconds of the compiled collectives under ``device`` plus
-            compiled flops per device at peak; ties keep the search's plan); one over
-            ``memory_budget`` once compiled is not eligible. Compiled are the search's plan,
+            the roofline of the compiled per-device flops and bytes accessed; a baseline
+            must be faster by ``confirm.TIE`` (0.5 %) to replace the search's plan); one
+            over ``memory_budget`` once compiled is not eligible. Deterministic: every
+            figure is read from the compiled program, none from a clock. Compiled are the search's plan,
             the three baselines the cost model predicts cheapest (where its ranking is most
             likely to be wrong in a way that matters) and data parallel (the reference any
             comparison makes), each layout once: about a second per compile on a small
