@@ -170,3 +170,16 @@ def test_a_baseline_that_does_not_compile_is_left_out(monkeypatch):
     assert chosen.method == "ilp"
     assert any("did not compile (ValueError)" in n for n in chosen.notes), chosen.notes
     assert not any("beats every baseline" in n for n in chosen.notes)
+
+
+def test_an_interrupt_while_confirming_returns_the_predicted_choice():
+    case, mesh = examples.mlp(64, 64, train=False), shardlab.mesh(data=8)
+
+    def progress(fraction: float, message: str) -> None:
+        if message.endswith("to confirm"):
+            raise KeyboardInterrupt
+
+    plan = search(case.fn, *case.args, mesh=mesh, device=PROFILE, progress=progress)
+    assert plan.complete
+    assert any("interrupted while compiling to confirm" in n for n in plan.notes)
+    assert not any(n.startswith("compiled (") for n in plan.notes)
