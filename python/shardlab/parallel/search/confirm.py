@@ -227,7 +227,7 @@ def confirm(
 
 def _predicted_line(searched: Plan, candidates: Sequence[tuple[str, Plan]]) -> str:
     figures = ", ".join(f"{n} {ms(p.cost.time)}" for n, p in candidates)
-    return f"predicted (the cost model's ranking, confirmed by compiling): {figures}"
+    return f"predicted (the cost model's ranking, before compiling): {figures}"
 
 
 def _compiled_line(
@@ -243,7 +243,8 @@ def _compiled_line(
     if not best.eligible:
         why = "none fits the budget once compiled"
     elif best is done[0]:
-        why = "the search's plan, compiled fastest or tied"
+        beaten = all(best.objective < c.objective * (1 - TIE) for c in done[1:])
+        why = "compiled fastest" if beaten else f"within {TIE:.1%} of the fastest: kept"
     elif not done[0].eligible:
         why = "compiled fastest within the budget"
     else:
