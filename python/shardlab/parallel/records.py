@@ -121,6 +121,8 @@ class Report(_Communicates, _Record):
         input_shardings: the compiler's input shardings, as ``PartitionSpec`` strings per leaf.
         output_shardings: likewise for outputs.
         mesh_shape: ``{axis: size}`` of the mesh.
+        bytes_accessed: per-device bytes the operations read and write
+            (``cost_analysis()["bytes accessed"]``; the roofline's memory term).
         hlo: the post-partitioning HLO text.
     """
 
@@ -130,6 +132,7 @@ class Report(_Communicates, _Record):
     input_shardings: tuple[str, ...]
     output_shardings: tuple[str, ...]
     mesh_shape: dict[str, int]
+    bytes_accessed: float = 0.0
     hlo: str = dataclasses.field(repr=False, default="")
 
     def to_dict(self) -> dict[str, Any]:

@@ -105,5 +105,6 @@ def analyze(
         input_shardings=tuple(spec_text(s) for s in in_sh),
         output_shardings=tuple(spec_text(s) for s in out_sh),
         mesh_shape=shape,
+        bytes_accessed=float((cost or {}).get("bytes accessed", 0.0)),
         hlo=hlo,
     )

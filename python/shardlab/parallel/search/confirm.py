@@ -26,15 +26,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
-import jax
-from jax.sharding import NamedSharding
-
-from shardlab.parallel.compiled.analyze import compile_sharded, spec_text
-from shardlab.parallel.compiled.hlo import collectives_from_hlo
 from shardlab.parallel.cost.profiles import DeviceProfile
-from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.plan.plan import Plan
-from shardlab.parallel.records import MemoryBreakdown, Report
+from shardlab.parallel.records import Report
 
 BASELINES_COMPILED = 3  # the cheapest predicted baselines compiled, plus data_parallel
 REFERENCE = "data_parallel"
@@ -50,44 +44,10 @@ def plan_key(plan: Plan) -> Hashable:
 
 
 def compile_plan(plan: Plan) -> tuple[Report, float]:
-    """One compile of ``plan``: the ``Report`` ``plan.verify()`` reads, and the bytes its
-    operations access per device (``cost_analysis``'s "bytes accessed", which a ``Report``
-    does not keep)."""
-    mesh = plan.mesh  # raises for an unbound plan
-    assert plan.binding is not None
-    compiled = compile_sharded(
-        plan.function(),
-        tuple(plan.binding.args),
-        mesh=mesh,
-        in_shardings=plan.in_shardings,
-        out_shardings=plan.out_shardings,
-    )
-    hlo = compiled.as_text() or ""
-    mem = compiled.memory_analysis()
-    cost = compiled.cost_analysis()
-    if isinstance(cost, list):  # older jax returned one dict per program
-        cost = cost[0] if cost else {}
-    cost = cost or {}
-
-    def specs(tree: object) -> tuple[str, ...]:
-        leaves = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, NamedSharding))
-        return tuple(spec_text(s) for s in leaves)
-
-    report = Report(
-        collectives=collectives_from_hlo(hlo, mesh_shape_of(mesh)),
-        memory=MemoryBreakdown(
-            argument=int(getattr(mem, "argument_size_in_bytes", 0)),
-            output=int(getattr(mem, "output_size_in_bytes", 0)),
-            alias=int(getattr(mem, "alias_size_in_bytes", 0)),
-            temp=int(getattr(mem, "temp_size_in_bytes", 0)),
-        ),
-        flops=float(cost.get("flops", 0.0)),
-        input_shardings=specs(compiled.input_shardings[0]),
-        output_shardings=specs(compiled.output_shardings),
-        mesh_shape=mesh_shape_of(mesh),
-        hlo=hlo,
-    )
-    return report, float(cost.get("bytes accessed", 0.0))
+    """One compile of ``plan`` (``plan.verify()``): its ``Report`` and the bytes its
+    operations access per device."""
+    report = plan.verify()
+    return report, report.bytes_accessed
 
 
 @dataclasses.dataclass
