@@ -35,6 +35,14 @@ def test_release_keeps_named_arrays_even_when_shard_views_are_alive():
     assert garbage.is_deleted() and report.arrays_deleted >= 1
 
 
+def test_release_keeps_a_named_typed_prng_key():
+    key = jax.random.key(0)  # a typed key wraps a uint32 array, which live_arrays() lists
+    keys = {"rng": jax.random.split(key, 4)}
+    release({"key": key, "state": keys})
+    assert jax.random.key_data(key).tolist() == [0, 0]
+    assert jax.random.key_data(keys["rng"]).shape == (4, 2)
+
+
 def test_release_all_deletes_named_and_reports_names():
     y = jnp.ones(16)
     report = release({"y": y, "n": 3}, delete_named=True)

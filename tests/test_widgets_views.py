@@ -121,7 +121,9 @@ def test_commgraph_bad_spec_is_an_inline_error(mesh24):
 def test_memory_snapshot_names_arrays_and_shardings(mesh24):
     gc.collect()  # earlier tests' garbage in reference cycles would crowd the top arrays
     big = jax.device_put(jnp.ones((1024, 256)), NamedSharding(mesh24, P("data")))
-    snap = snapshot({"big": big, "tree": {"w": [jnp.zeros(3)]}})
+    # The snapshot lists the process's largest arrays: the nested one must be larger than
+    # what other test modules keep alive, or it falls out of the list.
+    snap = snapshot({"big": big, "tree": {"w": [jnp.zeros((512, 128))]}})
     top = snap.arrays[0]
     assert top.name == "big" and top.bytes_total == 1024 * 256 * 4
     assert top.bytes_per_device == 512 * 256 * 4 and "data" in top.spec

@@ -177,6 +177,10 @@ def _reachable_arrays(
         seen.add(id(obj))
         if isinstance(obj, jax.Array):
             found.add(id(obj))
+            # A typed PRNG key array wraps a uint32 array: the buffer jax.live_arrays() lists.
+            base = getattr(obj, "_base_array", None)
+            if base is not None:
+                found.add(id(base))
             continue
         if isinstance(obj, (str, bytes, int, float, complex, bool, type(None), types.ModuleType)):
             continue
