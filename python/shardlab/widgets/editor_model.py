@@ -23,6 +23,7 @@ from ..parallel import analyze, predict
 from ..parallel.cost import layouts as L
 from ..parallel.graph.opgraph import OpGraph
 from ..parallel.graph.trace import Traced, trace
+from ..parallel.plan.binding import Binding
 from ..parallel.plan.fixed import fixed_plan
 from ..parallel.plan.plan import Plan
 from ..parallel.records import CostBreakdown, Report
@@ -215,7 +216,7 @@ class EditorModel:
             try:
                 # The plan's function: the traced graph re-evaluated with the constraints
                 # inserted. Output layouts are left to XLA (in_shardings only).
-                fn = self._function(specs, constraints)
+                fn = self._function(constraints)
                 result.report = analyze(
                     fn, *self.args, mesh=self.mesh, in_shardings=self.in_shardings(specs)
                 )
@@ -240,10 +241,7 @@ class EditorModel:
         Its cost is the cost model's for this strategy (the figures the editor shows);
         ``plan.jit()``, ``plan.verify()`` and ``plan.to_code()`` work as for a searched plan.
         """
-        return self._plan(list(self.specs), dict(self.constraints))
-
-    def _plan(self, specs: list[PartitionSpec], constraints: dict[int, PartitionSpec]) -> Plan:
-        graph = self.graph
+        graph, specs, constraints = self.graph, list(self.specs), dict(self.constraints)
         return fixed_plan(
             self.traced,
             self.mesh,
@@ -258,17 +256,17 @@ class EditorModel:
             notes=("set by hand in the strategy editor (shardlab.editor)",),
         )
 
-    def _function(
-        self, specs: list[PartitionSpec], constraints: dict[int, PartitionSpec]
-    ) -> Callable[..., Any]:
-        """``plan.function()`` of this strategy, one per set of constraints: it does not
-        depend on the argument layouts, and the same function lets JAX reuse its compile of
-        a strategy compiled before (Reset, an edit undone)."""
+    def _function(self, constraints: dict[int, PartitionSpec]) -> Callable[..., Any]:
+        """The plan's function (``Binding.constrained``, what ``plan.function()`` runs), one
+        per set of constraints: it does not depend on the argument layouts, and the same
+        function lets JAX reuse its compile of a strategy compiled before (Reset, an edit
+        undone)."""
         key = tuple(sorted(constraints.items()))
         with self._lock:
             fn = self._functions.get(key)
         if fn is None:
-            fn = self._plan(specs, constraints).function()
+            binding = Binding(self.traced, self.mesh)
+            fn = binding.constrained({node: (spec,) for node, spec in constraints.items()})
             with self._lock:
                 fn = self._functions.setdefault(key, fn)
         return fn

@@ -8,11 +8,14 @@ that it is the plan's (same mesh, argument shapes and graph fingerprint).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from jax.sharding import Mesh
+import jax
+from jax.sharding import Mesh, PartitionSpec
 
 from shardlab.parallel.errors import SearchError
+from shardlab.parallel.graph.interpret import interpreter
 from shardlab.parallel.graph.opgraph import OpGraph
 from shardlab.parallel.graph.trace import Traced
 from shardlab.parallel.mesh import mesh_shape_of
@@ -45,6 +48,22 @@ class Binding:
     @property
     def out_tree(self) -> Any:
         return self.traced.out_tree
+
+    def constrained(
+        self,
+        outputs: Mapping[int, Sequence[PartitionSpec | None]],
+        operands: Mapping[int, Mapping[int, PartitionSpec]] | None = None,
+    ) -> Callable[..., Any]:
+        """The traced function re-evaluated equation by equation with ``outputs``
+        (``{node: spec per output}``) and ``operands`` (``{node: {position: spec}}``)
+        constrained; it takes and returns the original pytrees (not jitted)."""
+        run = interpreter(self.graph, self.mesh, dict(outputs), self.in_tree, operands or {})
+        out_tree = self.out_tree
+
+        def planned(*args: Any) -> Any:
+            return jax.tree_util.tree_unflatten(out_tree, list(run(*args)))
+
+        return planned
 
 
 def checked_binding(

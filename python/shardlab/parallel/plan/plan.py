@@ -23,7 +23,6 @@ from shardlab.parallel.compiled.analyze import analyze
 from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.cost.profiles import comm_time
 from shardlab.parallel.errors import SearchError
-from shardlab.parallel.graph.interpret import interpreter
 from shardlab.parallel.graph.trace import Traced, trace
 from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.plan.binding import Binding, checked_binding
@@ -146,18 +145,10 @@ class Plan(_Record):
     # -- running -------------------------------------------------------------------------
     def function(self) -> Callable[..., Any]:
         """The traced function re-evaluated with the plan's constraints (not jitted)."""
-        b = self._bound()
-        outs = dict(self.intermediate_specs())
         ins: dict[int, dict[int, PartitionSpec]] = {}
         for node, pos, lay in self.operand_constraints:
             ins.setdefault(node, {})[pos] = make_spec(lay)
-        run = interpreter(b.graph, b.mesh, outs, b.in_tree, ins)
-        out_tree = b.out_tree
-
-        def planned(*args: Any) -> Any:
-            return jax.tree_util.tree_unflatten(out_tree, list(run(*args)))
-
-        return planned
+        return self._bound().constrained(self.intermediate_specs(), ins)
 
     def show(self) -> Any:
         """The plan's communication graph: predicted (this plan's cost) beside compiled.
