@@ -141,9 +141,9 @@ def test_confirm_never_returns_an_ineligible_candidate():
             for _, p in C.choose_candidates(searched, base, budget)
             if reports.get(p).memory.total <= budget
         ]
-        objective = sum(C.compiled_objective(*reports.compiled(chosen), PROFILE))
+        objective = sum(C.compiled_objective(reports.get(chosen), PROFILE))
         for p in eligible:
-            theirs = sum(C.compiled_objective(*reports.compiled(p), PROFILE))
+            theirs = sum(C.compiled_objective(reports.get(p), PROFILE))
             assert objective <= theirs * (1 + C.TIE)
     if "beats every baseline" in " ".join(chosen.notes):
         assert chosen.method == searched.method

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
-from shardlab.parallel.cost.profiles import DeviceProfile
+from shardlab.parallel.cost.profiles import DeviceProfile, comm_time
 from shardlab.parallel.plan.plan import Plan
 from shardlab.parallel.records import Report
 
@@ -43,28 +43,23 @@ def plan_key(plan: Plan) -> Hashable:
     return (plan.input_specs, plan.output_specs, plan.constraints, plan.operand_constraints)
 
 
-def compile_plan(plan: Plan) -> tuple[Report, float]:
-    """One compile of ``plan`` (``plan.verify()``): its ``Report`` and the bytes its
-    operations access per device."""
-    report = plan.verify()
-    return report, report.bytes_accessed
+def compile_plan(plan: Plan) -> Report:
+    """One compile of ``plan`` (``plan.verify()``)."""
+    return plan.verify()
 
 
 @dataclasses.dataclass
 class Reports:
     """Compiled figures by plan layout, so no plan is compiled twice in one search."""
 
-    by_key: dict[Hashable, tuple[Report, float]] = dataclasses.field(default_factory=dict)
+    by_key: dict[Hashable, Report] = dataclasses.field(default_factory=dict)
 
-    def compiled(self, plan: Plan) -> tuple[Report, float]:
-        """``(report, bytes accessed per device)``, compiling on the first request."""
+    def get(self, plan: Plan) -> Report:
+        """The plan's compiled report, compiling on the first request."""
         key = plan_key(plan)
         if key not in self.by_key:
             self.by_key[key] = compile_plan(plan)
         return self.by_key[key]
-
-    def get(self, plan: Plan) -> Report:
-        return self.compiled(plan)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,12 +78,10 @@ class Compiled:
         return self.comm_time + self.compute_time
 
 
-def compiled_objective(
-    report: Report, bytes_accessed: float, profile: DeviceProfile
-) -> tuple[float, float]:
+def compiled_objective(report: Report, profile: DeviceProfile) -> tuple[float, float]:
     """``(comm seconds, compute seconds)`` of a compiled program (see the module docstring)."""
-    comm = sum(profile.time_of(c) for c in report.collectives)
-    return comm, profile.op_time(report.flops, bytes_accessed)
+    comm = comm_time(report.collectives, profile)
+    return comm, profile.op_time(report.flops, report.bytes_accessed)
 
 
 def choose_candidates(
@@ -153,13 +146,13 @@ def confirm(
     for i, (name, p) in enumerate(candidates):
         report(lo + (hi - lo) * i / len(candidates), f"compiling {name} to confirm")
         try:
-            r, nbytes = reports.compiled(p)
+            r = reports.get(p)
         except Exception as e:  # a baseline is optional; the search's own plan must compile
             if i == 0:
                 raise
             failed.append(f"{name} did not compile ({type(e).__name__}), so is not compared")
             continue
-        comm, compute = compiled_objective(r, nbytes, profile)
+        comm, compute = compiled_objective(r, profile)
         fits = budget is None or r.memory.total <= budget
         done.append(Compiled(name, p, r, comm, compute, fits))
     own = done[0]
