@@ -93,7 +93,8 @@ def _split(tree: Any, is_array: Callable[[object], bool]) -> tuple[_Parts, list[
     """Takes ``tree`` apart: its parts, and its leaves for which ``is_array`` holds."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     positions = tuple(i for i, leaf in enumerate(leaves) if is_array(leaf))
-    static_leaves = tuple(None if i in positions else leaf for i, leaf in enumerate(leaves))
+    arrays_at = set(positions)  # a big pytree is split on every run: no tuple scans
+    static_leaves = tuple(None if i in arrays_at else leaf for i, leaf in enumerate(leaves))
     return _Parts(treedef, positions, static_leaves), [leaves[i] for i in positions]
 
 
