@@ -101,6 +101,9 @@ class Candidates:
         for fa in self.assignments(shape, frozenset(i for i, s in enumerate(shape) if s <= 1)):
             lay = L.from_factors(dims, fa, shape, self.sizes)
             out.append(Cand(spec_text(lay), (lay,), (), 0.0, axis_of=self.axis_of(fa)))
+        # Most-sharded first: where layouts tie on time, solvers (argmin: first) keep the
+        # one that holds the least per device, as an input that arrives sharded would be.
+        out.sort(key=lambda c: -L.shard_count(c.outs[0], self.sizes))
         self.cand_cache[("in", shape)] = (NO_RULE, out)
         return out
 

@@ -23,6 +23,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
+from shardlab.parallel.search.eliminate import distinct, eliminate
 from shardlab.parallel.search.pairs import Pairs, own_costs, pair_matrices
 from shardlab.parallel.search.space import Space
 
@@ -64,7 +65,7 @@ def arrays_size(own: Sequence[np.ndarray], pairs: Pairs) -> int:
     n = sum(len(o) for o in own)
     for m in pairs.values():
         if np.ptp(m) > 0 and _separable(m) is None:
-            n += len(_groups(m)[0]) * len(_groups(m.T)[0])
+            n += len(distinct(m)[0]) * len(distinct(m.T)[0])
     return n
 
 
@@ -74,22 +75,6 @@ def _separable(m: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     if np.abs(m - a[:, None] - b[None, :]).max() <= 1e-9 * max(1.0, float(np.abs(m).max())):
         return a, b
     return None
-
-
-def _groups(m: np.ndarray) -> tuple[list[int], np.ndarray]:
-    """First index of each distinct row, and each row's group (faster than np.unique for
-    the small matrices here)."""
-    seen: dict[bytes, int] = {}
-    firsts: list[int] = []
-    inverse = np.empty(len(m), dtype=np.int64)
-    for i, row in enumerate(m):
-        key = row.tobytes()
-        g = seen.get(key)
-        if g is None:
-            g = seen[key] = len(firsts)
-            firsts.append(i)
-        inverse[i] = g
-    return firsts, inverse
 
 
 def solve_ilp(
@@ -128,7 +113,53 @@ def solve_arrays(
     node_limit: int | None = None,
     memory_rows: Sequence[tuple[list[np.ndarray], float]] = (),
 ) -> IlpResult:
-    """``solve_ilp`` on plain arrays: own costs per unit and summed pair matrices."""
+    """``solve_ilp`` on plain arrays: own costs per unit and summed pair matrices.
+
+    Units of degree ≤ 2 are first eliminated exactly (``eliminate.py``); HiGHS sees the
+    rest, and a tree-shaped problem is solved without it."""
+    n_units = len(own_seconds)
+    keep: set[int] = set()
+    spent = [0.0] * len(memory_rows)
+    for coeffs, _budget in memory_rows:
+        keep.update(u for u, arr in enumerate(coeffs) if len(arr) and np.ptp(arr) > 0)
+    reduced = eliminate(own_seconds, pair_seconds, keep)
+    left = set(reduced.units)
+    for r, (coeffs, _budget) in enumerate(memory_rows):
+        spent[r] = sum(float(arr[0]) for u, arr in enumerate(coeffs) if u not in left and len(arr))
+    rows_left = [
+        ([coeffs[u] for u in reduced.units], budget - spent[r])
+        for r, (coeffs, budget) in enumerate(memory_rows)
+    ]
+    if not reduced.units:
+        if any(budget < 0 for _, budget in rows_left):
+            return IlpResult(None, False, float("inf"), "infeasible: over the budget", 0)
+        choice = reduced.expand([], n_units)
+        return IlpResult(choice, True, reduced.constant, "solved exactly by elimination", 0)
+    result = _solve_highs(
+        reduced.own,
+        reduced.pairs,
+        time_limit=time_limit,
+        node_limit=node_limit,
+        memory_rows=rows_left,
+    )
+    if result.choice is None:
+        return result
+    return dataclasses.replace(
+        result,
+        choice=reduced.expand(result.choice, n_units),
+        objective=result.objective + reduced.constant,
+    )
+
+
+def _solve_highs(
+    own_seconds: Sequence[np.ndarray],
+    pair_seconds: Pairs,
+    *,
+    time_limit: float,
+    node_limit: int | None,
+    memory_rows: Sequence[tuple[list[np.ndarray], float]],
+) -> IlpResult:
+    """The mixed-integer program itself, on HiGHS."""
     own = [o * SCALE for o in own_seconds]
     pairs: Pairs = {k: m * SCALE for k, m in pair_seconds.items()}
     offset = [0]
@@ -162,8 +193,8 @@ def solve_arrays(
             own[p] = own[p] + split[0]
             own[u] = own[u] + split[1]
             continue
-        row_first, row_of = _groups(m)
-        col_first, col_of = _groups(m.T)
+        row_first, row_of = distinct(m)
+        col_first, col_of = distinct(m.T)
         reduced = m[np.ix_(row_first, col_first)]
         base = n_x + len(y_cost)
         n_r, n_c = reduced.shape
