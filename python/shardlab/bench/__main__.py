@@ -14,7 +14,8 @@ import platform
 import sys
 import time
 
-SECTIONS = ("kernel", "fidelity", "editor", "search")
+SECTIONS = ("kernel", "fidelity", "editor", "search", "corpus")
+MODULES = {"corpus": "shardlab.bench.corpus.section"}  # the rest: shardlab.bench.<name>
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     for name in names:
-        module = importlib.import_module(f"shardlab.bench.{name}")
+        module = importlib.import_module(MODULES.get(name, f"shardlab.bench.{name}"))
         start = time.perf_counter()
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
         parts.append(module.run())
