@@ -1,0 +1,46 @@
+"""A corpus of "other people's models": small train steps written the way public JAX projects
+write them, on flax linen, flax nnx, equinox and optax (``models.py``).
+
+Every model is a ``Case`` whose function is a whole train step, for the strategy search and
+the baselines to be run on as they are: ``corpus()`` lists them in a fixed order;
+``primitive_inventory`` counts the primitives a case traces to (sub-jaxprs included) and
+``fallbacks`` the op-graph nodes no sharding rule knows.
+"""
+
+from __future__ import annotations
+
+from shardlab.bench.corpus.models import (
+    MODELS,
+    corpus,
+    equations,
+    equinox_mlp,
+    fallbacks,
+    leaves_allclose,
+    linen_gpt,
+    linen_resnet,
+    linen_seq2seq,
+    nnx_scan,
+    pinn,
+    primitive_inventory,
+    topk_moe,
+    unet,
+    vit,
+)
+
+__all__ = [
+    "MODELS",
+    "corpus",
+    "equations",
+    "equinox_mlp",
+    "fallbacks",
+    "leaves_allclose",
+    "linen_gpt",
+    "linen_resnet",
+    "linen_seq2seq",
+    "nnx_scan",
+    "pinn",
+    "primitive_inventory",
+    "topk_moe",
+    "unet",
+    "vit",
+]
