@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 from shardlab import examples, strategies
-from shardlab.parallel.cost.memory import liveness
+from shardlab.parallel.cost.memory import in_output_buffers, liveness
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.graph.opgraph import live_nodes
 from shardlab.parallel.graph.trace import trace
@@ -38,6 +38,40 @@ def test_elementwise_chains_are_fused_and_matmul_outputs_are_not():
     dot = next(n for n in g.nodes if n.primitive == "dot_general")
     total = next(n.index for n in g.nodes if n.primitive == "reduce_sum")
     assert lv.last_use[dot.outputs[0]] == total
+
+
+def test_a_value_last_read_by_an_elementwise_output_lives_in_its_buffer():
+    """``0.9 * m + x @ w``: the matmul's result is read for the last time, elementwise, by
+    the output of the same size, so XLA computes it in that output's buffer (no temp);
+    read transposed, or with a different size, it cannot be."""
+
+    def inside(f, *args):
+        g = trace(f, *args, unroll_scans=False).graph
+        lv = liveness(g, live_nodes(g))
+        prim = {v: n.primitive for n in g.nodes for v in n.outputs}
+        return sorted(prim[v] for v in in_output_buffers(g, lv, g.nbytes, lambda v: 0))
+
+    m, x, w = jnp.ones((64, 64)), jnp.ones((64, 32)), jnp.ones((32, 64))
+    assert inside(lambda m, x, w: 0.9 * m + x @ w, m, x, w) == ["dot_general"]
+    assert inside(lambda m, x, w: 0.9 * m + (x @ w).T, m, x, w) == []
+    assert inside(lambda m, x, w: 0.9 * m + (x @ w)[:, :1], m, x, w) == []
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        lambda: examples.mlp(1024, 128, train=True),
+        lambda: examples.gpt(2),
+        examples.embedding,
+    ],
+)
+def test_data_parallel_train_steps_within_ten_percent(m8, case):
+    """Temporaries placed in output buffers not yet written, and gradients computed in the
+    new state's buffers: data parallel's predicted per-device total is within 10%."""
+    c = case()
+    plan = strategies.baselines(c.fn, *c.args, mesh=m8)["data_parallel"]
+    ratio = plan.cost.memory.peak / plan.verify().memory.total
+    assert 0.9 <= ratio <= 1.1, (c.name, ratio)
 
 
 @pytest.mark.parametrize(

@@ -13,13 +13,21 @@ live range. Two things decide which intermediates get a buffer at all:
 * **Live ranges.** A buffer lives from its producer to its last *effective* use: a read
   through fused values counts as a read of the buffers they were computed from.
 
+* **Output buffers.** An output's allocation exists for the whole program, so XLA puts
+  temporaries in it before the output is computed (first fit, whole buffers), and a value
+  read for the last time by the elementwise op (or scatter, dynamic-update-slice) that
+  makes an output of the same size is computed in that output's buffer from the start: a
+  train step's gradients, combined into the new optimizer state, take no temp.
+
 The model walks the program order once: ``temp`` is the peak of live materialised
 intermediates (plus any copy in another layout a consumer needs, e.g. a gathered
-parameter), ``peak = arguments + outputs + temp``.
+parameter; a broadcast or iota is regenerated in each layout instead) that do not fit in
+the outputs not yet computed, ``peak = arguments + outputs + temp``.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Callable, Sequence
 
@@ -133,7 +141,8 @@ def device_memory(
     out_bytes = sum(output_local(v) for v in dict.fromkeys(graph.outputs))
 
     held = _holder(graph, lv, local, extra)
-    peak, _ = _walk(graph, lv, held, [v for v in inputs if v in used], transient)
+    slots = {v: output_local(v) for v in dict.fromkeys(graph.outputs) if graph.producer(v) >= 0}
+    peak, _ = _walk(graph, lv, held, [v for v in inputs if v in used], transient, slots)
     return DeviceMemoryEstimate(
         parameters=params, outputs=out_bytes, activations=peak, peak=params + out_bytes + peak
     )
@@ -158,15 +167,75 @@ def _holder(
 ) -> Callable[[int], int]:
     """Bytes a variable's buffers take in ``temp``: argument and output buffers are counted
     apart, so only their copies in other layouts; fused values only when copied."""
-    keep = set(graph.inputs) | set(graph.outputs)
+    keep = set(graph.inputs) | set(graph.outputs) | in_output_buffers(graph, lv, local, extra)
 
     def held(v: int) -> int:
         copies = extra(v)
+        if copies and v not in lv.materialized and _regenerated(graph, v):
+            copies = 0  # a broadcast or iota is generated in whatever layout a consumer needs
         if v in keep:
             return copies
         return local(v) + copies if v in lv.materialized or copies else 0
 
     return held
+
+
+REGENERATED = frozenset(("broadcast_in_dim", "iota"))
+
+
+def _regenerated(graph: OpGraph, v: int) -> bool:
+    i = graph.producer(v)
+    return i >= 0 and graph.nodes[i].primitive in REGENERATED
+
+
+IN_PLACE_OPERAND = {"scatter": 0, "scatter-add": 0, "scatter_add": 0, "dynamic_update_slice": 0}
+
+
+def in_output_buffers(
+    graph: OpGraph, lv: Liveness, local: Callable[[int], int], extra: Callable[[int], int]
+) -> set[int]:
+    """Intermediates XLA computes in an output's buffer, so they take no ``temp``.
+
+    XLA's buffer assignment lets an elementwise result (and a scatter's or
+    dynamic-update-slice's result) reuse the buffer of an operand read there for the last
+    time when both have the same size. Following those hand-overs back from each output
+    finds the values that live in the output's allocation from the start: a train step's
+    gradients, all-reduced and combined into the new optimizer state, are the usual ones.
+    """
+    outputs = set(graph.outputs)
+    inputs = set(graph.inputs)
+    out: set[int] = set()
+    for v in reversed(graph.outputs):
+        while True:
+            i = graph.producer(v)
+            if i < 0:
+                break
+            node = graph.nodes[i]
+            if node.primitive in IN_PLACE_OPERAND:
+                operands = [node.inputs[IN_PLACE_OPERAND[node.primitive]]]
+            elif node.primitive in ELEMENTWISE or node.primitive in FREE:
+                operands = list(node.inputs)
+            else:
+                break
+            nxt = next(
+                (
+                    u
+                    for u in operands
+                    if u not in inputs
+                    and u not in outputs
+                    and u not in out
+                    and u in lv.materialized
+                    and lv.last_use.get(u) == i
+                    and local(u) == local(v)
+                    and not extra(u)
+                ),
+                None,
+            )
+            if nxt is None:
+                break
+            out.add(nxt)
+            v = nxt
+    return out
 
 
 def _walk(
@@ -175,6 +244,7 @@ def _walk(
     held: Callable[[int], int],
     start: Sequence[int],
     transient: Callable[[int], int] = lambda i: 0,
+    slots: dict[int, int] | None = None,
 ) -> tuple[int, frozenset[int]]:
     """Walk the program order holding ``held(v)`` bytes per buffer, plus ``transient(i)``
     bytes while node ``i`` runs: (peak, buffers at it)."""
@@ -185,13 +255,17 @@ def _walk(
     alive = {v for v in start if held(v)}
     temp = peak = sum(held(v) for v in alive)
     at_peak = frozenset(alive)
+    pending = dict(slots or {})  # outputs not yet computed: their buffers are free space
     for i in lv.order:
         for v in graph.nodes[i].outputs:
+            pending.pop(v, None)
             size = held(v)
             if size:
                 temp += size
                 alive.add(v)
         now = temp + transient(i)
+        if now > peak and pending:
+            now = _unplaced(sorted((held(v) for v in alive), reverse=True), transient(i), pending)
         if now > peak:
             peak, at_peak = now, frozenset(alive)
         for v in frees.get(i, ()):
@@ -199,6 +273,23 @@ def _walk(
                 alive.discard(v)
                 temp -= held(v)
     return peak, at_peak
+
+
+def _unplaced(sizes: list[int], extra: int, pending: dict[int, int]) -> int:
+    """Bytes of ``sizes`` (descending) and ``extra`` that do not fit, first fit decreasing,
+    into the buffers of outputs not yet computed: XLA's buffer assignment places a
+    temporary in an output's allocation when their live ranges do not overlap."""
+    bins = sorted(pending.values())
+    left = 0
+    for size in sorted((*sizes, extra), reverse=True) if extra else sizes:
+        k = bisect.bisect_left(bins, size)
+        if k == len(bins):
+            left += size
+            continue
+        room = bins.pop(k) - size
+        if room:
+            bisect.insort(bins, room)
+    return left
 
 
 def peak_points(
