@@ -181,7 +181,10 @@ def build(
         for i, shape in enumerate(shapes):
             if t.arg_of_leaf[i] not in targets:
                 continue
-            for d in range(len(shape)):
+            # The largest dimension that divides (as FSDP implementations shard): never a
+            # conv kernel's small spatial one, whose split XLA's CPU partitioner miscompiles
+            # for transposed convolutions (docs/parallel.md).
+            for d in sorted(range(len(shape)), key=lambda d: -shape[d]):
                 got = _split(shape, d, zero_axes, t.sizes)
                 free = not layouts[i][d] and not {a for ax in layouts[i] for a in ax} & set(got)
                 if got and free and shape[d] % (math.prod(t.sizes[a] for a in got)) == 0:
