@@ -261,3 +261,21 @@ def test_parallel_imports_no_ui_libraries():
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_unconstrained_zero_forward_gathers_the_weight_as_xla_does():
+    """ZeRO-3 forward, only the arguments laid out: the batch is split on ``data`` and each
+    weight on its contracted dim, also ``data``. XLA's propagation gives the matmul's result
+    the batch's axis, so the weight is all-gathered (not contracted into partial sums); the
+    prediction follows and matches the compiled communication."""
+    from shardlab import examples, strategies
+    from shardlab.parallel.cost.profiles import comm_time
+    from shardlab.parallel.mesh import mesh as make_mesh
+
+    c = examples.mlp(128, 1024, train=False)
+    plan = strategies.baselines(c.fn, *c.args, mesh=make_mesh(data=8))["zero"]
+    report = plan.verify()
+    kinds = {x.kind for x in plan.cost.collectives}
+    assert kinds == {x.kind for x in report.collectives} == {"all-gather"}
+    compiled = comm_time(report.collectives, plan.cost.device)
+    assert abs(plan.cost.comm_time / compiled - 1) <= 0.05

@@ -64,7 +64,10 @@ def memory_estimate(graph: OpGraph, prop: Propagation, sizes: Mapping[str, int])
         if c.kind == "all-reduce" and node >= 0:
             reduced[node] = reduced.get(node, 0) + c.bytes * c.count
 
-    return device_memory(graph, prop.live, local, transient=lambda i: reduced.get(i, 0))
+    def extra(v: int) -> int:  # copies in the other layouts its consumers needed
+        return sum(L.local_bytes(graph.nbytes(v), lay, sizes) for lay in prop.copies.get(v, ()))
+
+    return device_memory(graph, prop.live, local, extra, transient=lambda i: reduced.get(i, 0))
 
 
 def layout_cost(

@@ -57,6 +57,8 @@ class Propagation:
     # reduced, else the consumer needing a resharded input (-1: an output's final layout).
     collective_nodes: list[int] = dataclasses.field(default_factory=list)
     compute_time: float = 0.0
+    # Per variable, the other layouts it was resharded to (each a buffer of its own).
+    copies: dict[int, set[L.DimAxes]] = dataclasses.field(default_factory=dict)
 
 
 class _Propagator:
@@ -211,14 +213,25 @@ class _Propagator:
         order = sorted(range(len(node.inputs)), key=lambda i: (-self.g.nbytes(node.inputs[i]), i))
         chosen: dict[int, tuple[str, ...]] = {}
         used: set[str] = set()
-        for i in order:
-            v = node.inputs[i]
-            proposal = L.to_factors(self.layout(v), rule.operands[i], rule.factor_sizes, self.sizes)
-            for factor, axes in proposal.items():
-                if factor in chosen or factor in rule.replicated or used & set(axes):
-                    continue
-                chosen[factor] = axes
-                used.update(axes)
+        proposals = [
+            L.to_factors(
+                self.layout(node.inputs[i]), rule.operands[i], rule.factor_sizes, self.sizes
+            )
+            for i in order
+        ]
+        # As XLA's sharding propagation: a result takes the axes of operand dimensions that
+        # reach it first; a contracted (reduced) dimension keeps an axis only when no
+        # result dimension took it (else that operand is resharded, e.g. a ZeRO weight
+        # sharded on its contracted dim is gathered, not contracted into partial sums).
+        for reduced in (False, True):
+            for proposal in proposals:
+                for factor, axes in proposal.items():
+                    if (factor in rule.reduction) != reduced:
+                        continue
+                    if factor in chosen or factor in rule.replicated or used & set(axes):
+                        continue
+                    chosen[factor] = axes
+                    used.update(axes)
         return chosen
 
     def control_flow(self, node: Node) -> None:
@@ -316,6 +329,9 @@ def propagate(
             p.lay[v] = target
         else:
             p.resolve_partial(v)
+    copies: dict[int, set[L.DimAxes]] = {}
+    for var, target in p.cache:
+        copies.setdefault(var, set()).add(target)
     return Propagation(
-        p.lay, p.out, p.flops, p.warnings, live, p.spans, p.collective_nodes, p.seconds
+        p.lay, p.out, p.flops, p.warnings, live, p.spans, p.collective_nodes, p.seconds, copies
     )
