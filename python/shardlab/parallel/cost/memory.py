@@ -247,32 +247,98 @@ def _walk(
     slots: dict[int, int] | None = None,
 ) -> tuple[int, frozenset[int]]:
     """Walk the program order holding ``held(v)`` bytes per buffer, plus ``transient(i)``
-    bytes while node ``i`` runs: (peak, buffers at it)."""
+    bytes while node ``i`` runs: (peak, buffers at it). With ``slots`` (output → bytes),
+    what fits in the outputs not yet computed does not count (``_unplaced``)."""
+    sizes: dict[int, int] = {}
+
+    def size_of(v: int) -> int:
+        got = sizes.get(v)
+        if got is None:
+            got = sizes[v] = held(v)
+        return got
+
+    raw = [now for now, _ in _steps(graph, lv, size_of, start, transient)]
+    if not raw:
+        return 0, frozenset()
+    if not slots:
+        best = max(range(len(raw)), key=raw.__getitem__)
+        return raw[best], _snapshots(graph, lv, size_of, start, transient, {best})[best][0]
+    # What fits in the outputs not yet computed lowers a point by at most their bytes: the
+    # first-fit figure is taken at the points highest before (raw) and highest after that
+    # bound, one walk for all (exact where the peak is one of them, as it is in practice).
+    free, room = sum(slots.values()), [0] * len(raw)
+    room[0] = free
+    for p, i in enumerate(lv.order, start=1):
+        free -= sum(slots.get(v, 0) for v in graph.nodes[i].outputs)
+        room[p] = free
+    by_raw = sorted(range(len(raw)), key=lambda p: (-raw[p], p))[:PEAK_POINTS]
+    by_bound = sorted(range(len(raw)), key=lambda p: (room[p] - raw[p], p))[:PEAK_POINTS]
+    peak, at_peak = -1, frozenset()
+    for _p, (alive, extra, pending) in sorted(
+        _snapshots(graph, lv, size_of, start, transient, {*by_raw, *by_bound}, slots).items()
+    ):
+        now = _unplaced(sorted((size_of(v) for v in alive), reverse=True), extra, pending)
+        if now > peak:
+            peak, at_peak = now, alive
+    return peak, at_peak
+
+
+PEAK_POINTS = 16
+
+
+def _steps(
+    graph: OpGraph,
+    lv: Liveness,
+    size_of: Callable[[int], int],
+    start: Sequence[int],
+    transient: Callable[[int], int],
+):
+    """Per program point (the start, then each node while it runs): ``(bytes held,
+    buffers alive)``; the set is the walk's own, changed as the walk goes on."""
     outputs = set(graph.outputs)
     frees: dict[int, list[int]] = {}
     for v, i in lv.last_use.items():
         frees.setdefault(i, []).append(v)
-    alive = {v for v in start if held(v)}
-    temp = peak = sum(held(v) for v in alive)
-    at_peak = frozenset(alive)
-    pending = dict(slots or {})  # outputs not yet computed: their buffers are free space
+    alive = {v for v in start if size_of(v)}
+    temp = sum(size_of(v) for v in alive)
+    yield temp, alive
     for i in lv.order:
         for v in graph.nodes[i].outputs:
-            pending.pop(v, None)
-            size = held(v)
+            size = size_of(v)
             if size:
                 temp += size
                 alive.add(v)
-        now = temp + transient(i)
-        if now > peak and pending:
-            now = _unplaced(sorted((held(v) for v in alive), reverse=True), transient(i), pending)
-        if now > peak:
-            peak, at_peak = now, frozenset(alive)
+        yield temp + transient(i), alive
         for v in frees.get(i, ()):
             if v in alive and v not in outputs:
                 alive.discard(v)
-                temp -= held(v)
-    return peak, at_peak
+                temp -= size_of(v)
+
+
+def _snapshots(
+    graph: OpGraph,
+    lv: Liveness,
+    size_of: Callable[[int], int],
+    start: Sequence[int],
+    transient: Callable[[int], int],
+    points: set[int],
+    slots: dict[int, int] | None = None,
+) -> dict[int, tuple[frozenset[int], int, dict[int, int]]]:
+    """At the given program points: (buffers alive, transient bytes, outputs not yet
+    computed with their bytes)."""
+    out: dict[int, tuple[frozenset[int], int, dict[int, int]]] = {}
+    pending = dict(slots or {})
+    nodes = [-1, *lv.order]
+    for p, (_, alive) in enumerate(_steps(graph, lv, size_of, start, transient)):
+        i = nodes[p]
+        if i >= 0:
+            for v in graph.nodes[i].outputs:
+                pending.pop(v, None)
+        if p in points:
+            out[p] = (frozenset(alive), transient(i) if i >= 0 else 0, dict(pending))
+            if len(out) == len(points):
+                break
+    return out
 
 
 def _unplaced(sizes: list[int], extra: int, pending: dict[int, int]) -> int:
