@@ -55,6 +55,7 @@ class Candidates:
         self.profile = profile
         self.reshard_cache: dict[tuple[L.DimAxes, L.DimAxes, int], float] = {}
         self.cand_cache: dict[Any, tuple[OpRule, list[Cand]]] = {}
+        self.sig_cache: dict[int, Any] = {}  # node index -> structural signature
 
     # -- costs ---------------------------------------------------------------------------
     def collective_time(self, kind: str, nbytes: int, group: int, axes: tuple[str, ...]):
@@ -170,6 +171,12 @@ class Candidates:
         return result
 
     def signature(self, node: Node) -> Any:
+        got = self.sig_cache.get(node.index, self)
+        if got is self:
+            got = self.sig_cache[node.index] = self._signature(node)
+        return got
+
+    def _signature(self, node: Node) -> Any:
         if node.subgraphs:
             return None
         params = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -46,6 +47,25 @@ ILP_MAX_VARIABLES = 20_000
 VERIFY_MAX_EQUATIONS = 3_000
 
 
+def _without_gc(f: Callable[..., Plan]) -> Callable[..., Plan]:
+    """Run ``f`` with Python's cyclic garbage collector paused: the search allocates many
+    small records, and a full collection in the middle of it costs a tenth of a second and
+    more on a large graph (nothing it builds is cyclic garbage worth collecting early)."""
+
+    @functools.wraps(f)
+    def run(*args: Any, **kwargs: Any) -> Plan:
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return f(*args, **kwargs)
+        finally:
+            if collecting:
+                gc.enable()
+
+    return run
+
+
+@_without_gc
 def search(
     fn: Callable[..., Any],
     *args: Any,
