@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from shardlab import examples
-from shardlab.parallel.cost.profiles import resolve_profile
+from shardlab.parallel.cost.profiles import comm_time, resolve_profile
 from shardlab.parallel.graph import opgraph
 from shardlab.parallel.graph.opgraph import build_from_jaxpr
 from shardlab.parallel.graph.trace import find_ties
@@ -120,14 +120,19 @@ def test_tie_post_pass_copies_one_iteration_to_all(mesh):
             assert len({tied[u] for u in same}) == 1
 
 
-def test_gpt_scan_train_step_matches_and_costs_like_the_unrolled_model(mesh):
+def test_gpt_scan_train_step_matches_and_costs_what_it_compiles_to(mesh):
+    """The scanned step runs as loops: each iteration's gradient all-reduces are launched
+    in the loop (XLA's combiner merges none across iterations), so it communicates more
+    than the unrolled model, whose all-reduces combine into few; the cost model says so."""
     case, unrolled = examples.gpt_scan(2), examples.gpt(2)
     plan = search(case.fn, *case.args, mesh=mesh, method="recursive")
     assert _close(plan.jit()(*case.args), jax.jit(case.fn)(*case.args))
     assert not plan.cost.warnings
     assert len(plan.binding.graph.scan_groups) == 2
+    compiled = comm_time(plan.verify().collectives, plan.cost.device)
+    assert plan.cost.comm_time == pytest.approx(compiled, rel=0.05)
     reference = search(unrolled.fn, *unrolled.args, mesh=mesh, method="recursive")
-    assert plan.cost.time == pytest.approx(reference.cost.time, rel=0.10)
+    assert reference.cost.comm_time < plan.cost.comm_time
 
 
 def test_gpt_scan_forward_auto(mesh):

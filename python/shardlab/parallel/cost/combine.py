@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from shardlab.parallel.cost.profiles import wire_bytes
 from shardlab.parallel.graph.opgraph import OpGraph
@@ -31,6 +32,16 @@ def terminal_nodes(g: OpGraph, live: list[bool]) -> list[bool]:
             if live[c]
         )
     return [live[i] and not heavy_below[i] for i in range(len(g.nodes))]
+
+
+def loop_of(g: OpGraph, node: int) -> tuple[int, int] | None:
+    """``(scan group, iteration)`` of a node of an unrolled scan (``None`` outside scans or
+    for ``node`` -1): the compiled program runs the scan as a loop, whose collectives XLA's
+    combiner cannot merge across iterations or with those outside it."""
+    if node < 0:
+        return None
+    origin = g.nodes[node].origin
+    return None if origin is None else (origin[0], origin[1])
 
 
 def all_reduce_groups(
@@ -58,19 +69,24 @@ def combine_all_reduces(
     g: OpGraph, collectives: Sequence[Collective], nodes: Sequence[int]
 ) -> list[Collective]:
     """Merge all-reduces that cannot depend on each other, as XLA's all-reduce combiner
-    does (see ``all_reduce_groups``)."""
+    does (see ``all_reduce_groups``). One that runs in a loop body (``count`` > 1, e.g. the
+    per-layer gradient of a scanned stack) merges only with those of the same body, per
+    iteration: the combiner does not move collectives out of loops. In a graph with its scans
+    unrolled, that is each iteration's all-reduces apart (``loop_of``)."""
     out: list[Collective] = []
-    merged: dict[tuple[int, tuple[str, ...]], Collective] = {}
-    for c, key in zip(collectives, all_reduce_groups(g, collectives, nodes), strict=True):
-        if key is None:
+    merged: dict[tuple[Any, ...], Collective] = {}
+    groups = all_reduce_groups(g, collectives, nodes)
+    for c, group, node in zip(collectives, groups, nodes, strict=True):
+        if group is None:
             out.append(c)
             continue
+        key = (*group, loop_of(g, node) if c.count == 1 else (node, c.count))
         old = merged.get(key)
         if old is None:
             merged[key] = c
             continue
-        nbytes = old.bytes * old.count + c.bytes * c.count
+        nbytes = old.bytes + c.bytes
         merged[key] = dataclasses.replace(
-            old, bytes=nbytes, count=1, wire_bytes=wire_bytes("all-reduce", nbytes, old.group_size)
+            old, bytes=nbytes, wire_bytes=wire_bytes("all-reduce", nbytes, old.group_size)
         )
     return out + list(merged.values())

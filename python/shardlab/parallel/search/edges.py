@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
 from shardlab.parallel.cost import layouts as L
-from shardlab.parallel.cost.combine import terminal_nodes
+from shardlab.parallel.cost.combine import loop_of, terminal_nodes
 from shardlab.parallel.cost.profiles import ring_steps
 from shardlab.parallel.search.candidates import Candidates
 from shardlab.parallel.search.space import Cand, Edge, Space, Unit
@@ -28,13 +29,18 @@ def combine_terminal(b: Candidates, units: list[Unit], live: list[bool]) -> None
         and all(terminal_node[i] for i in u.nodes)
         and any(c.partial for c in u.cands)
     ]
-    if len(terminal) < 2:
-        return
-    share = 1.0 - 1.0 / len(terminal)
-    adjusted: dict[int, list[Cand]] = {}
+    together: dict[Any, int] = {}  # a scan iteration's all-reduces merge only with each other
     for u in terminal:
+        key = loop_of(b.g, u.nodes[0])
+        together[key] = together.get(key, 0) + 1
+    adjusted: dict[tuple[int, int], list[Cand]] = {}
+    for u in terminal:
+        n = together[loop_of(b.g, u.nodes[0])]
+        if n < 2:
+            continue
+        share = 1.0 - 1.0 / n
         u.terminal = True
-        got = adjusted.get(id(u.cands))
+        got = adjusted.get((id(u.cands), n))
         if got is None:
             got = []
             for c in u.cands:
@@ -43,7 +49,7 @@ def combine_terminal(b: Candidates, units: list[Unit], live: list[bool]) -> None
                     saved = share * b.profile.link_latency * ring_steps("all-reduce", group)
                     c = dataclasses.replace(c, cost=c.cost - saved, comm=c.comm - saved)
                 got.append(c)
-            adjusted[id(u.cands)] = got
+            adjusted[(id(u.cands), n)] = got
         u.cands = got
 
 
