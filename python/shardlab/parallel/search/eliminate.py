@@ -73,7 +73,7 @@ def distinct(m: np.ndarray) -> tuple[list[int], np.ndarray]:
     return firsts, inverse
 
 
-def _size(m: np.ndarray) -> int:
+def edge_variables(m: np.ndarray) -> int:
     """Continuous variables an edge costs the ILP (distinct rows × distinct columns)."""
     if np.ptp(m) <= 0:
         return 0
@@ -131,9 +131,9 @@ def eliminate(own: Sequence[np.ndarray], pairs: Pairs, keep: Collection[int] = (
             joined = table.min(axis=2)
             old = adj[p].get(q)
             merged = joined if old is None else old + joined
-            before = len(cost[u]) + _size(adj[p][u]) + _size(adj[u][q])
-            before += 0 if old is None else _size(old)
-            if _size(merged) > before:
+            before = len(cost[u]) + edge_variables(adj[p][u]) + edge_variables(adj[u][q])
+            before += 0 if old is None else edge_variables(old)
+            if edge_variables(merged) > before:
                 continue
             adj[p][q] = merged
             adj[q][p] = merged.T

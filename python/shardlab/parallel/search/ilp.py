@@ -23,7 +23,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from shardlab.parallel.search.eliminate import distinct, eliminate
+from shardlab.parallel.search.eliminate import distinct, edge_variables, eliminate
 from shardlab.parallel.search.pairs import Pairs, own_costs, pair_matrices
 from shardlab.parallel.search.space import Space
 
@@ -65,7 +65,7 @@ def arrays_size(own: Sequence[np.ndarray], pairs: Pairs) -> int:
     n = sum(len(o) for o in own)
     for m in pairs.values():
         if np.ptp(m) > 0 and _separable(m) is None:
-            n += len(distinct(m)[0]) * len(distinct(m.T)[0])
+            n += edge_variables(m)
     return n
 
 
