@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 RESULT_NAME = "__shardlab_result__"
 FORMAT_NAME = "__shardlab_format__"
@@ -68,6 +68,8 @@ class CellSource:
     has_result: bool
     mutations: tuple[Mutation, ...]
     definitions: tuple[Definition, ...]
+    bind_lines: dict[str, int] = field(default_factory=dict)  # name -> first binding line
+    line_offset: int = 0
 
     def line(self, lineno: int, *, offset: int = 0) -> str:
         """The text of a (1-based, cell-relative after ``offset``) source line."""
@@ -97,14 +99,22 @@ class _Binder(ast.NodeVisitor):
 
     def __init__(self) -> None:
         self.binds: list[str] = []
+        self.bind_lines: dict[str, int] = {}
+        self.lineno = 0
         self.deletes: list[str] = []
         self.definitions: list[Definition] = []
         self.mutations: list[Mutation] = []
+
+    def visit(self, node: ast.AST) -> None:
+        if isinstance(node, ast.stmt):
+            self.lineno = node.lineno
+        super().visit(node)
 
     def _bind(self, names: list[str]) -> None:
         for name in names:
             if name not in self.binds:
                 self.binds.append(name)
+                self.bind_lines[name] = self.lineno
 
     def visit_Assign(self, node: ast.Assign) -> None:
         for target in node.targets:
@@ -316,4 +326,75 @@ def analyse_cell(source: str, *, filename: str, line_offset: int = 0) -> CellSou
         has_result=has_result,
         mutations=tuple(m for m in binder.mutations if m.name not in binds),
         definitions=tuple(binder.definitions),
+        bind_lines=binder.bind_lines,
+        line_offset=line_offset,
     )
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of a graph cell's top-level statements: staged, or run as Python around it.
+
+    ``source`` keeps the cell's line numbers (it is padded with blank lines), so errors
+    and tracebacks in either kind point at the user's line.
+    """
+
+    staged: bool
+    source: str
+    first_line: int  # 1-based, in the cell body
+
+
+def _is_shell_call(node: ast.AST) -> bool:
+    """``get_ipython().run_line_magic(...)`` and friends: what IPython makes of ``%magic``,
+    ``!cmd``, ``x?`` and ``y = !cmd`` lines."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Call)
+        and isinstance(node.func.value.func, ast.Name)
+        and node.func.value.func.id == "get_ipython"
+    )
+
+
+class ShellLineInBlock(Exception):
+    """A magic, shell escape or help line inside a block of a graph cell."""
+
+    def __init__(self, lineno: int) -> None:
+        super().__init__(lineno)
+        self.lineno = lineno
+
+
+def split_shell_lines(source: str) -> list[Segment]:
+    """Splits a graph cell (as IPython transformed it) at its magic, shell and help lines.
+
+    Top-level statements that call into IPython run as Python, in order, every run; the
+    statements between them are staged. A cell without such lines is one staged segment.
+
+    Raises:
+        SyntaxError: the cell does not parse.
+        ShellLineInBlock: such a line sits inside a loop, branch or definition, where the
+            cell cannot be split around it.
+    """
+    tree = ast.parse(source)
+    lines = source.splitlines(True)
+    kinds: list[tuple[bool, int, int]] = []  # (staged, first line, last line)
+    for statement in tree.body:
+        calls = [n for n in ast.walk(statement) if _is_shell_call(n)]
+        if not calls:
+            staged = True
+        elif isinstance(statement, (ast.Expr, ast.Assign, ast.AnnAssign)):
+            staged = False
+        else:
+            raise ShellLineInBlock(getattr(calls[0], "lineno", statement.lineno))
+        end = statement.end_lineno or statement.lineno
+        if kinds and kinds[-1][0] == staged:
+            kinds[-1] = (staged, kinds[-1][1], end)
+        else:
+            kinds.append((staged, statement.lineno, end))
+    if all(staged for staged, _, _ in kinds):
+        return [Segment(True, source, 1)]
+    segments = []
+    for staged, first, last in kinds:
+        text = "\n" * (first - 1) + "".join(lines[first - 1 : last])
+        segments.append(Segment(staged, text, first))
+    return segments

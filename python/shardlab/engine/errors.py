@@ -120,3 +120,35 @@ def translate_trace_error(error: BaseException, cell: CellSource) -> GraphStagin
     staging = GraphStagingError(lineno=lineno, line=line, reason=reason, fix=fix, where=where)
     staging.__cause__ = None
     return staging
+
+
+class CellSyntaxError(Exception):
+    """A syntax error in a graph cell, at the user's line, shown as Python shows one: the
+    line and a caret, without frames of the machinery that staged the cell. (IPython shows
+    every frame of a real ``SyntaxError`` raised while a cell runs; this one it renders with
+    ``_render_traceback_``.) ``error`` is the ``SyntaxError`` itself, at the user's line."""
+
+    def __init__(self, error: SyntaxError) -> None:
+        super().__init__(error.msg)
+        self.error = error
+
+    def _render_traceback_(self) -> list[str]:
+        return [line.rstrip("\n") for line in traceback.format_exception_only(self.error)]
+
+    @classmethod
+    def at(cls, error: SyntaxError, *, filename: str, line_offset: int) -> CellSyntaxError:
+        """``error`` moved ``line_offset`` lines down (the lines above the cell body)."""
+        lineno = None if error.lineno is None else error.lineno + line_offset
+        end = getattr(error, "end_lineno", None)
+        details = (
+            filename,
+            lineno,
+            error.offset,
+            error.text,
+            None if end is None else end + line_offset,
+            getattr(error, "end_offset", None),
+        )
+        return cls(SyntaxError(error.msg, details))
+
+
+CellSyntaxError.__name__ = "SyntaxError"  # the name the user reads (ename), as for any cell

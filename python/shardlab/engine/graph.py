@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import dataclasses
 import linecache
 import sys
 from collections.abc import Callable, MutableMapping, Sequence
@@ -28,6 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from . import state
 from .cellsource import FORMAT_NAME, RESULT_NAME, CellSource, analyse_cell
 from .errors import GraphStagingError, translate_trace_error
 
@@ -57,16 +59,6 @@ def _is_array(leaf: object) -> bool:
 def _is_jax_array(leaf: object) -> bool:
     """An array leaf of a value made while tracing (outputs, ``print`` arguments)."""
     return isinstance(leaf, jax.Array)
-
-
-def _static_key(value: object) -> object:
-    try:
-        hash(value)
-    except TypeError:
-        return ("id", id(value))
-    if isinstance(value, (int, float, complex, str, bytes, bool, type(None), tuple, frozenset)):
-        return (type(value).__name__, value)
-    return ("id", id(value))
 
 
 @dataclass(frozen=True)
@@ -105,15 +97,21 @@ class _Input:
 
 
 class DeferredFormat:
-    """An f-string inside ``print`` whose formatting waits for concrete values."""
+    """An f-string inside ``print`` (or a ``jax.debug.print`` format) whose formatting waits
+    for concrete values."""
 
-    def __init__(self, template: str, *values: object) -> None:
+    def __init__(self, template: str, *values: object, **named: object) -> None:
         self.template = template
         self.values = values
+        self.named = named
 
     def render(self) -> str:
-        concrete = [v[()] if isinstance(v, np.ndarray) and v.ndim == 0 else v for v in self.values]
-        return self.template.format(*concrete)
+        def concrete(v: object) -> object:
+            return v[()] if isinstance(v, np.ndarray) and v.ndim == 0 else v
+
+        return self.template.format(
+            *map(concrete, self.values), **{k: concrete(v) for k, v in self.named.items()}
+        )
 
     def __str__(self) -> str:  # formatting outside print (trace time)
         return self.render()
@@ -121,8 +119,8 @@ class DeferredFormat:
 
 jax.tree_util.register_pytree_node(
     DeferredFormat,
-    lambda d: (d.values, d.template),
-    lambda template, values: DeferredFormat(template, *values),
+    lambda d: ((d.values, d.named), d.template),
+    lambda template, children: DeferredFormat(template, *children[0], **children[1]),
 )
 
 
@@ -141,6 +139,10 @@ class _Structure:
     names: tuple[str, ...]
     values: _Parts  # the values of ``names``, as a tuple
     prints: list[_Print]
+    # Inputs the cell changed in place (an nnx module's RNG counter, a BatchNorm's
+    # statistics): their new state, as a tuple of (name, value) after ``values``' arrays.
+    mutated: tuple[str, ...] = ()
+    mutated_values: _Parts | None = None
 
 
 @dataclass
@@ -164,6 +166,8 @@ class GraphRun:
     traces: int
     outputs: tuple[str, ...]
     inputs: tuple[str, ...]
+    notes: tuple[str, ...] = ()  # said once per cell: retraces, state read by identity
+    updated: tuple[str, ...] = ()  # inputs whose state the cell changed in place
 
 
 class GraphCache:
@@ -173,6 +177,8 @@ class GraphCache:
         self.max_entries = max_entries
         self._entries: collections.OrderedDict[Any, _Entry] = collections.OrderedDict()
         self._cells: dict[tuple[str, str, int], CellSource] = {}
+        self._last_key: dict[str, Any] = {}  # source -> key_parts of its latest new entry
+        self._said: set[tuple[str, str]] = set()  # (source, note kind) already said
         self.total_traces = 0
 
     def __len__(self) -> int:
@@ -183,6 +189,7 @@ class GraphCache:
         count = len(self._entries)
         self._entries.clear()
         self._cells.clear()
+        self._last_key.clear()
         return count
 
     def traces_of(self, source: str) -> int:
@@ -243,8 +250,12 @@ def _rebuild_hint(name: str, value: object) -> str:
         example = f"`{name} = {{**{name}, key: new_value}}`"
     elif isinstance(value, (set, frozenset)):
         example = f"`{name} = {name} | {{new_item}}`"
+    elif isinstance(value, np.ndarray):
+        example = f"a JAX array (`{name} = jnp.asarray({name}).at[index].set(new_value)`)"
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        example = f"a new object (`{name} = dataclasses.replace({name}, field=new_value)`)"
     else:
-        example = f"a new object (e.g. `{name} = dataclasses.replace({name}, ...)`)"
+        example = f"a new object (`{name} = {type(value).__name__}(...)`)"
     return f"build a new value and bind it to a name, e.g. {example}"
 
 
@@ -267,11 +278,14 @@ def _check_definitions(cell: CellSource, offset: int) -> None:
 
 def _split_inputs(
     cell: CellSource, namespace: MutableMapping[str, Any]
-) -> tuple[tuple[_Input, ...], list[Any], dict[str, Any], tuple[Any, ...]]:
+) -> tuple[tuple[_Input, ...], list[Any], dict[str, Any], tuple[Any, ...], list[str]]:
+    """The cell's inputs: array leaves (program arguments), the rest (closed over), the
+    cache key of the rest's state and the paths whose state is read by identity only."""
     inputs: list[_Input] = []
     arrays: list[Any] = []
     statics: dict[str, Any] = {}
     key_parts: list[Any] = []
+    budget = state._Budget()
     for name in cell.reads:
         if name not in namespace:
             continue
@@ -280,12 +294,14 @@ def _split_inputs(
         if leaves:
             inputs.append(_Input(name, parts))
             arrays.extend(leaves)
-            static_key = tuple(_static_key(s) for s in parts.static_leaves)
+            static_key = tuple(
+                state.state_key(s, name=name, budget=budget) for s in parts.static_leaves
+            )
             key_parts.append((name, "array", parts.treedef, static_key))
         else:
             statics[name] = value
-            key_parts.append((name, "static", _static_key(value)))
-    return tuple(inputs), arrays, statics, tuple(key_parts)
+            key_parts.append((name, "static", state.state_key(value, name=name, budget=budget)))
+    return tuple(inputs), arrays, statics, tuple(key_parts), budget.untracked
 
 
 def _signature(arrays: list[Any]) -> tuple[Any, ...]:
@@ -303,19 +319,30 @@ def _make_staged(entry: _Entry, cache: GraphCache) -> Callable[..., Any]:
         print_arrays: list[Any] = []  # the array arguments of ``prints``, in order
         outer_trace = next((getattr(a, "_trace", None) for a in arrays), None)
 
-        def staged_print(*args: Any, **kwargs: Any) -> None:
+        def record(args: tuple[Any, ...], kwargs: dict[str, Any], fallback: Callable) -> None:
             parts, args_arrays = _split(args, _is_jax_array)
-            record = _Print(parts, kwargs)
             foreign = any(getattr(a, "_trace", outer_trace) is not outer_trace for a in args_arrays)
-            if foreign:  # inside a nested transformation: a runtime callback instead
-
-                def callback(*values: Any) -> None:
-                    _emit(record, list(values))
-
-                jax.debug.callback(callback, *args_arrays)
+            if foreign:  # inside a nested transformation: a runtime callback
+                fallback()
                 return
-            prints.append(record)
+            prints.append(_Print(parts, kwargs))
             print_arrays.extend(args_arrays)
+
+        def staged_print(*args: Any, **kwargs: Any) -> None:
+            def fallback() -> None:
+                parts, args_arrays = _split(args, _is_jax_array)
+                item = _Print(parts, kwargs)
+                jax.debug.callback(lambda *values: _emit(item, list(values)), *args_arrays)
+
+            record(args, kwargs, fallback)
+
+        def staged_debug_print(fmt: str, *args: Any, ordered: bool = False, **named: Any) -> None:
+            # jax.debug.print in a graph cell prints in program order with ``print``.
+            record(
+                (DeferredFormat(fmt, *args, **named),),
+                {},
+                lambda: _debug_print(fmt, *args, ordered=ordered, **named),
+            )
 
         namespace: dict[str, Any] = {
             "__name__": "__main__",
@@ -324,17 +351,92 @@ def _make_staged(entry: _Entry, cache: GraphCache) -> Callable[..., Any]:
         }
         namespace.update(entry.statics)
         offset = 0
+        rebuilt: list[tuple[_Input, Any, list[Any]]] = []
         for spec in entry.inputs:
             count = len(spec.parts.array_positions)
-            namespace[spec.name] = spec.parts.rebuild(arrays[offset : offset + count])
+            value = spec.parts.rebuild(arrays[offset : offset + count])
+            namespace[spec.name] = value
+            rebuilt.append((spec, value, jax.tree_util.tree_leaves(value)))
             offset += count
-        exec(cell.code, namespace)
+        jax.debug.print = staged_debug_print  # type: ignore[assignment]
+        try:
+            exec(cell.code, namespace)
+        finally:
+            jax.debug.print = _debug_print  # type: ignore[assignment]
         names = tuple(n for n in (*cell.binds, RESULT_NAME) if n in namespace)
+        for name in names:
+            _refuse_traced_leftovers(cell, name, namespace[name])
+        for name, value in entry.statics.items():
+            _refuse_traced_leftovers(cell, name, value, outside=True)
         parts, out_arrays = _split(tuple(namespace[n] for n in names), _is_jax_array)
-        entry.structures[_signature(arrays)] = _Structure(names, parts, prints)
+        mutated: list[str] = []
+        mutated_values: list[Any] = []
+        for spec, value, before in rebuilt:
+            if spec.name in names:
+                continue  # rebinding the name wins
+            after, treedef = jax.tree_util.tree_flatten(value)
+            if treedef == spec.parts.treedef and all(
+                a is b for a, b in zip(after, before, strict=True)
+            ):
+                continue
+            _refuse_traced_leftovers(cell, spec.name, value, outside=True, in_place=True)
+            mutated.append(spec.name)
+            mutated_values.append(value)
+        structure = _Structure(names, parts, prints)
+        if mutated:
+            structure.mutated = tuple(mutated)
+            structure.mutated_values, more = _split(tuple(mutated_values), _is_jax_array)
+            out_arrays = [*out_arrays, *more]
+        entry.structures[_signature(arrays)] = structure
         return out_arrays, print_arrays
 
     return staged
+
+
+_debug_print = jax.debug.print
+
+
+def _refuse_traced_leftovers(
+    cell: CellSource, name: str, value: Any, *, outside: bool = False, in_place: bool = False
+) -> None:
+    """Raises when a traced value would outlive the program inside ``value``: in an object
+    that is not a pytree (its leaves cannot become program outputs)."""
+    __tracebackhide__ = True
+    if outside and not in_place:
+        found = state.find_tracer(value, name)
+    else:
+        found = None
+        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+            if not _is_jax_array(leaf):
+                found = state.find_tracer(leaf, name + jax.tree_util.keystr(path))
+                if found is not None:
+                    break
+    if found is None:
+        return
+    lineno = cell.bind_lines.get(name)
+    kind = type(value).__name__
+    if outside:
+        reason = (
+            f"the cell stores a traced value in `{found}`, inside `{name}` (a {kind} from "
+            "outside the cell); a staged cell's Python runs once, at trace time, so the "
+            "object would keep a placeholder instead of a value."
+        )
+    else:
+        reason = (
+            f"`{found}` would hold a traced value after the run: `{name}` is a {kind}, "
+            "which JAX cannot take apart into arrays (it is not a pytree), so its arrays "
+            "cannot become outputs of the staged program."
+        )
+    raise GraphStagingError(
+        lineno=None if lineno is None else lineno + cell.line_offset,
+        line="" if lineno is None else cell.line(lineno),
+        reason=reason,
+        fix=(
+            f"make {kind} a pytree (`@jax.tree_util.register_dataclass` on a dataclass, "
+            "`flax.struct.dataclass`, an `equinox.Module` or an nnx Module), or run the cell "
+            "with %%jit."
+        ),
+    )
 
 
 def _emit(record: _Print, values: list[Any]) -> None:
@@ -376,10 +478,12 @@ def run_graph_cell(
     cell = cache._cell(source, filename, line_offset)
     _check_definitions(cell, line_offset)
     _check_mutations(cell, namespace, line_offset)
-    inputs, arrays, statics, key_parts = _split_inputs(cell, namespace)
+    inputs, arrays, statics, key_parts, untracked = _split_inputs(cell, namespace)
     key = (source, key_parts)
     entry = cache._get(key)
+    notes: list[str] = []
     if entry is None:
+        notes = _staging_notes(cache, source, key_parts, namespace, untracked)
         entry = _Entry(cell=cell, inputs=inputs, statics=statics)
         entry.fn = jax.jit(_make_staged(entry, cache))
         cache._put(key, entry)
@@ -391,7 +495,14 @@ def run_graph_cell(
         raise translate_trace_error(error, cell) from None
     structure = entry.structures[_signature(arrays)]
     entry.runs += 1
-    values = structure.values.rebuild(out_arrays)
+    if entry.traces > traces_before:
+        # Tracing ran the cell's Python, which may change state it reads (a trace counter
+        # in a global): file the program under the state it left too, or the next run
+        # would see a new key and stage the cell again.
+        after = (source, _split_inputs(cell, namespace)[3])
+        if after != key:
+            cache._put(after, entry)
+    values = structure.values.rebuild(out_arrays[: len(structure.values.array_positions)])
     # Print what the cell printed, in program order, with this run's values.
     jax.block_until_ready(print_arrays)
     offset = 0
@@ -406,6 +517,11 @@ def run_graph_cell(
             result = value
         else:
             namespace[name] = value
+    if structure.mutated_values is not None:
+        count = len(structure.values.array_positions)
+        updated = structure.mutated_values.rebuild(out_arrays[count:])
+        for name, value in zip(structure.mutated, updated, strict=True):
+            _update_in_place(namespace, name, value)
     for name in cell.deletes:
         namespace.pop(name, None)
     return GraphRun(
@@ -415,4 +531,62 @@ def run_graph_cell(
         traces=entry.traces,
         outputs=tuple(n for n in structure.names if n != RESULT_NAME),
         inputs=tuple(i.name for i in inputs),
+        notes=tuple(notes),
+        updated=structure.mutated,
     )
+
+
+def _update_in_place(namespace: MutableMapping[str, Any], name: str, value: Any) -> None:
+    """Gives the user's object the state the cell left in its staged copy.
+
+    An nnx module (a graph node) is updated in place, as running the cell unstaged would
+    have done, so other references to it (an optimizer's) see the change; any other pytree
+    is rebound under its name.
+    """
+    original = namespace.get(name)
+    nnx = sys.modules.get("flax.nnx")
+    if nnx is not None and original is not None and nnx.graph.is_graph_node(original):
+        nnx.update(original, nnx.state(value))
+    else:
+        namespace[name] = value
+
+
+def _staging_notes(
+    cache: GraphCache,
+    source: str,
+    key_parts: tuple[Any, ...],
+    namespace: MutableMapping[str, Any],
+    untracked: list[str],
+) -> list[str]:
+    """What to tell the user, once per cell, when it is staged again or reads state the
+    cache key cannot see."""
+    notes = []
+    previous = cache._last_key.get(source)
+    cache._last_key[source] = key_parts
+    if previous is not None:
+        before = {p[0]: p for p in previous}
+        for part in key_parts:
+            name = part[0]
+            value = namespace.get(name)
+            if (
+                name in before
+                and before[name] != part
+                and isinstance(value, (int, float, complex))
+                and not isinstance(value, bool)
+                and (source, "number:" + name) not in cache._said
+            ):
+                cache._said.add((source, "number:" + name))
+                notes.append(
+                    f"`{name}` is a Python {type(value).__name__} ({value!r}) read by this "
+                    "graph cell: each new value stages and compiles the cell again. Pass it "
+                    f"as an array (`{name} = jnp.asarray({name})`) to reuse one program."
+                )
+    if untracked and (source, "untracked") not in cache._said:
+        cache._said.add((source, "untracked"))
+        shown = ", ".join(f"`{p}`" for p in untracked[:3]) + (" …" if len(untracked) > 3 else "")
+        notes.append(
+            f"{shown}: too large or deep to track, read by identity: changes to its state "
+            "after this cell is staged are not seen. Pass its arrays as names, or run the "
+            "cell with %%jit."
+        )
+    return notes

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from traitlets import Bool, Enum, Instance, Int
+from traitlets import Bool, Enum, Float, Instance, Int
 from traitlets.config import LoggingConfigurable
 
 from ..engine import memory
@@ -87,8 +88,19 @@ class ShardlabSession(LoggingConfigurable):
     )
     reset_on_mode_switch = Bool(
         True,
-        help="When consecutive cells run in different modes, drop staged graph cells and "
-        "JAX's compilation caches, so memory does not grow with every switch.",
+        help="When two consecutive cells that compile JAX programs run in different modes "
+        "and JAX holds more than max_cached_programs compiled programs, drop them and the "
+        "staged graph cells, so memory does not grow with every switch. Cells that compile "
+        "nothing (magics, plain Python, cached programs) are not switches.",
+    ).tag(config=True)
+    max_cached_programs = Int(
+        256,
+        help="Compiled programs JAX may keep across a mode switch before they are dropped.",
+    ).tag(config=True)
+    memory_pressure = Float(
+        0.8,
+        help="After a cell that compiled, drop compilation caches and staged graph cells "
+        "when the kernel's resident memory exceeds this fraction of the host's memory.",
     ).tag(config=True)
     release_after_oom = Bool(
         True, help="After a cell fails out of memory, release unreachable arrays and caches."
@@ -105,6 +117,8 @@ class ShardlabSession(LoggingConfigurable):
         self.silent = False
         self.current: CellMode | None = None
         self.last_mode: Mode | None = None
+        self.last_compiling_mode: Mode | None = None  # of the last cell that compiled
+        self._compiles_before = 0
         self.history: collections.deque[HistoryItem] = collections.deque(maxlen=self.history_length)
         self.status: StatusSink = _NoStatus()  # the wiring plugs in the comm channel
         self._eager_context: Any = None
@@ -161,7 +175,12 @@ class ShardlabSession(LoggingConfigurable):
             magic, body = None, code
         if cell.mode == "graph":
             if magic == "graph":
-                return lines
+                if code.lstrip("\n").startswith("%%graph"):
+                    return lines
+                # ``%%mode graph``: one line above the body, as ``%%graph`` would be
+                blank_lines = len(code) - len(code.lstrip("\n"))
+                head = f"%%graph --shardlab-line-offset={blank_lines + 1}\n"
+                return [head, *body.splitlines(True)]
             return [_GRAPH_MAGIC, *body.splitlines(True)]
         if magic is not None:  # %%eager / %%jit: a blank line keeps line numbers
             blank_lines = len(code) - len(code.lstrip("\n"))
@@ -182,10 +201,9 @@ class ShardlabSession(LoggingConfigurable):
         cell = self.mode_of(info.raw_cell or "")
         self.current = cell
         self._started = time.perf_counter()
+        self._compiles_before = compile_count()
         if cell.mode is None:
             return
-        if self.last_mode is not None and cell.mode != self.last_mode:
-            self._mode_switched(self.last_mode, cell.mode)
         if cell.mode == "eager":
             import jax
 
@@ -202,6 +220,8 @@ class ShardlabSession(LoggingConfigurable):
             self.last_mode = cell.mode
             count = getattr(result, "execution_count", None) or self._shell.execution_count
             self.history.append(HistoryItem(int(count), cell.mode, cell.source, duration))
+            if compile_count() > self._compiles_before:
+                self._compiled_in(cell.mode)
         error = getattr(result, "error_in_exec", None)
         if error is not None and self.release_after_oom and _is_out_of_memory(error):
             report = memory.release(
@@ -215,16 +235,28 @@ class ShardlabSession(LoggingConfigurable):
             )
         self.status.send()
 
-    def _mode_switched(self, before: Mode, after: Mode) -> None:
-        if not self.reset_on_mode_switch:
-            return
+    def _compiled_in(self, mode: Mode) -> None:
+        """After a cell that compiled: a real mode switch, or memory pressure, may release."""
+        before, self.last_compiling_mode = self.last_compiling_mode, mode
+        pressure = _rss_fraction()
+        if pressure > self.memory_pressure:
+            self._release_caches(f"the kernel uses {pressure:.0%} of the host's memory")
+        elif self.reset_on_mode_switch and before is not None and before != mode:
+            programs = memory.cache_stats().get("executables", 0)
+            if programs > self.max_cached_programs:
+                self._release_caches(
+                    f"mode {before} → {mode} with {programs} compiled programs (more than "
+                    f"max_cached_programs={self.max_cached_programs})"
+                )
+
+    def _release_caches(self, why: str) -> None:
         import jax
 
         stats = memory.cache_stats()
         cells = self.graph_cache.clear()
         jax.clear_caches()
         print(
-            f"[shardlab] mode {before} → {after}: cleared {cells} graph cell(s) and "
+            f"[shardlab] {why}: cleared {cells} graph cell(s) and "
             f"{stats.get('executables', 0)} compiled program(s)",
         )
 
@@ -234,6 +266,34 @@ class ShardlabSession(LoggingConfigurable):
 
     def set_default(self, mode: Mode) -> None:
         self.default_mode = mode
+
+
+def _rss_fraction() -> float:
+    """The kernel's resident memory as a fraction of the host's (0 where unknown)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0.0
+    return memory.process_rss() / total if total > 0 else 0.0
+
+
+_COMPILES = [0]
+
+
+def _count_compile(event: str, duration_secs: float, **_: Any) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _COMPILES[0] += 1
+
+
+def compile_count() -> int:
+    """How many programs JAX compiled in this process since shardlab started counting
+    (listening starts once JAX is imported; shardlab never imports it for this)."""
+    if not _COMPILES[1:] and "jax" in sys.modules:
+        from jax import monitoring
+
+        monitoring.register_event_duration_secs_listener(_count_compile)
+        _COMPILES.append(1)  # marks the listener as installed
+    return _COMPILES[0]
 
 
 def _is_out_of_memory(error: BaseException) -> bool:
