@@ -26,7 +26,7 @@ from shardlab.parallel.errors import SearchError
 from shardlab.parallel.graph.trace import Traced, trace
 from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.plan.binding import Binding, checked_binding
-from shardlab.parallel.plan.io import FORMAT, plan_fields
+from shardlab.parallel.plan.io import FORMAT, comment, mesh_code, parse_json, plan_fields, spec_code
 from shardlab.parallel.records import CostBreakdown, PlanRow, Report, _Record
 from shardlab.parallel.specs import make_spec
 
@@ -198,18 +198,32 @@ class Plan(_Record):
         return "\n".join(lines)
 
     def to_code(self) -> str:
-        """Python source with the ``PartitionSpec``s, ready to paste."""
-        in_leaves = [_Code(str(make_spec(s))) for s in self.input_specs]
-        out_leaves = [_Code(str(make_spec(s))) for s in self.output_specs]
+        """Python source with the ``PartitionSpec``s, ready to paste.
+
+        Nothing is copied into it unescaped (``io.py``): axis names are string literals or,
+        as ``shardlab.mesh`` keywords, checked identifiers (else the dict form
+        ``shardlab.mesh({'a b': 2})``); sizes are checked ints; the method, primitives and
+        source lines appear only in comments, with line breaks and other unprintable
+        characters escaped. That holds for any plan, loaded or built in memory.
+        """
+        in_leaves = [
+            _Code(spec_code(s, f"input_specs[{i}]")) for i, s in enumerate(self.input_specs)
+        ]
+        out_leaves = [
+            _Code(spec_code(s, f"output_specs[{i}]")) for i, s in enumerate(self.output_specs)
+        ]
         if self.binding is not None:
             ins = repr(jax.tree_util.tree_unflatten(self.binding.in_tree, in_leaves))
             outs = repr(jax.tree_util.tree_unflatten(self.binding.out_tree, out_leaves))
         else:
             ins, outs = repr(tuple(in_leaves)), repr(tuple(out_leaves))
-        mesh_args = ", ".join(f"{k}={v}" for k, v in self.mesh_shape.items())
+        mesh_args = mesh_code(self.mesh_shape)
         lines = [
-            f"# shardlab plan ({self.method}): predicted {self.cost.time * 1e3:.3f} ms, "
-            f"{self.cost.memory.peak / 2**20:.2f} MiB/device",
+            "# "
+            + comment(
+                f"shardlab plan ({self.method}): predicted {self.cost.time * 1e3:.3f} ms, "
+                f"{self.cost.memory.peak / 2**20:.2f} MiB/device"
+            ),
             "import jax",
             "import shardlab",
             "from jax.sharding import NamedSharding, PartitionSpec as P",
@@ -234,10 +248,12 @@ class Plan(_Record):
             where = {r.op_index: r for r in _index_rows(self)}
             for i, prim, specs in self.constraints:
                 src = where[i].source if i in where else ""
-                text = ", ".join("-" if s is None else str(make_spec(s)) for s in specs)
-                lines.append(f"#   node {i} {prim} {src}: {text}")
+                text = ", ".join("-" if s is None else spec_code(s, f"node {i}") for s in specs)
+                lines.append("#   " + comment(f"node {i} {prim} {src}: {text}"))
             for i, pos, lay in self.operand_constraints:
-                lines.append(f"#   node {i} operand {pos}: {make_spec(lay)}")
+                lines.append(
+                    "#   " + comment(f"node {i} operand {pos}: {spec_code(lay, f'node {i}')}")
+                )
         return "\n".join(lines) + "\n"
 
     # -- records -------------------------------------------------------------------------
@@ -263,15 +279,16 @@ class Plan(_Record):
     ) -> Plan:
         """Load a plan; with ``fn``, ``args`` and ``mesh`` it is bound and runnable.
 
+        The text is validated field by field (``io.py``: strict types, finite non-negative
+        costs, identifier axis names, bounded sizes and nesting) and never evaluated.
+
         Raises:
-            SearchError: malformed JSON, a wrong format, specs naming unknown mesh axes,
-                specs that do not fit their shapes, or a mesh that differs from the plan's.
+            SearchError: for every bad file (and only that error): malformed or oversized
+                JSON, a wrong format, a field of the wrong type or range (the message names
+                it), specs naming unknown mesh axes, specs that do not fit their shapes, or
+                a mesh that differs from the plan's.
         """
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise SearchError(f"not a plan: invalid JSON ({e})") from e
-        plan = cls(**plan_fields(data))
+        plan = cls(**plan_fields(parse_json(text)))
         if fn is not None:
             if args is None or mesh is None:
                 raise SearchError("Plan.from_json(text, fn=..., args=(...), mesh=...): give all")
