@@ -182,3 +182,62 @@ def test_cache_is_bounded():
         run_graph_cell(f"y = x * {k}\n", ns, cache=cache)
     assert len(cache) == 3
     assert cache.clear() == 3 and len(cache) == 0
+
+
+def test_state_read_through_a_function_global_is_part_of_the_key():
+    cache = GraphCache()
+    config = {"scale": 2.0}
+
+    def scaled(v):
+        return v * config["scale"]
+
+    ns = {"jnp": jnp, "scaled": scaled, "x": jnp.ones(3)}
+    run_graph_cell("y = scaled(x)\n", ns, cache=cache)
+    assert float(ns["y"][0]) == 2.0
+    config["scale"] = 3.0  # a global of the function, not read by the cell itself
+    run = run_graph_cell("y = scaled(x)\n", ns, cache=cache)
+    assert float(ns["y"][0]) == 3.0 and run.traced
+
+
+def test_state_changed_by_tracing_itself_does_not_retrace_every_run():
+    cache = GraphCache()
+    seen = [0]
+
+    def counted(v):
+        seen[0] += 1  # runs at trace time only
+        return v + 1
+
+    ns = {"counted": counted, "x": jnp.ones(2)}
+    runs = [run_graph_cell("y = counted(x)\n", ns, cache=cache) for _ in range(4)]
+    assert [r.traced for r in runs] == [True, False, False, False] and seen[0] == 1
+
+
+def test_object_that_is_not_a_pytree_cannot_carry_a_tracer_out():
+    class Box:
+        def __init__(self, v):
+            self.v = v
+
+    ns = {"Box": Box, "x": jnp.ones(2)}
+    with pytest.raises(GraphStagingError, match=r"cell line 1.*\n.*`box\.v`"):
+        run_graph_cell("box = Box(x * 2)\n", ns, cache=GraphCache())
+    assert "box" not in ns
+
+
+def test_in_place_change_of_an_input_pytree_is_written_back():
+    from flax import nnx
+
+    drop = nnx.Dropout(0.5, rngs=nnx.Rngs(0))
+    plain = nnx.Dropout(0.5, rngs=nnx.Rngs(0))
+    ns = {"drop": drop, "jnp": jnp}
+    cache = GraphCache()
+    for _ in range(3):
+        run = run_graph_cell("m = drop(jnp.ones(8))\n", ns, cache=cache)
+        assert run.updated == ("drop",) and ns["drop"] is drop
+        np.testing.assert_array_equal(ns["m"], plain(jnp.ones(8)))
+
+
+def test_numpy_item_assignment_hint_does_not_suggest_dataclasses():
+    ns = {"a": np.zeros(3), "jnp": jnp}
+    with pytest.raises(GraphStagingError) as info:
+        run_graph_cell("a[0] = 1.0\n", ns, cache=GraphCache())
+    assert ".at[index].set" in str(info.value) and "dataclasses" not in str(info.value)

@@ -20,6 +20,7 @@ untracked (by identity), and the caller says so to the user.
 from __future__ import annotations
 
 import dataclasses
+import sysconfig
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -91,6 +92,17 @@ def _function_parts(fn: types.FunctionType) -> Iterator[tuple[str, Any]]:
         yield "<kwdefaults>", fn.__kwdefaults__
 
 
+_LIBRARY_ROOTS = tuple(
+    {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+)
+
+
+def _is_library(fn: types.FunctionType) -> bool:
+    """Whether ``fn`` is installed code (the standard library, site-packages)."""
+    filename = fn.__code__.co_filename
+    return filename.startswith(_LIBRARY_ROOTS) or filename.startswith("<frozen")
+
+
 def state_key(value: object, *, name: str = "value", budget: _Budget | None = None) -> Any:
     """A hashable fingerprint of ``value``'s state (see the module docstring).
 
@@ -129,6 +141,8 @@ def _key(value: object, path: str, depth: int, budget: _Budget, seen: set[int]) 
     if isinstance(value, types.MethodType):
         return ("method", _key(value.__self__, path, deeper, budget, seen), id(value.__func__))
     if isinstance(value, types.FunctionType):
+        if _is_library(value):  # installed code: its globals are not the user's state
+            return ("function", id(value))
         parts = tuple(
             (n, _key(v, f"{value.__name__}.{n}", deeper, budget, seen))
             for n, v in _function_parts(value)
