@@ -25,6 +25,8 @@ def test_stock_kernel_with_extension():
         traced = kernel.ok("t = isinstance(x + 0, jax.core.Tracer)\nt")
         assert traced.text == "True"
         kernel.ok("%mode jit")
+        moded = kernel.ok("%%mode graph\nw = x * 2\nprint('w', w.sum())")
+        assert "w 12.0" in moded.stdout
         error = kernel.execute("%%graph\nz = float(x.sum())")
         assert error.status == "error" and error.errors[0]["ename"] == "GraphStagingError"
         assert "%devices" in kernel.ok("%lsmagic").text
