@@ -14,6 +14,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jax.tree_util import keystr, tree_flatten, tree_flatten_with_path
 
+from shardlab.parallel.arguments import is_traced
 from shardlab.parallel.errors import ShardingSpecError
 
 SpecLeaf = PartitionSpec | NamedSharding | None
@@ -207,7 +208,9 @@ def resolve_shardings(
         what: the argument name used in messages.
 
     Returns:
-        ``(path, shape, sharding or None)`` per array leaf of ``args``.
+        ``(path, shape, sharding or None)`` per traced leaf of ``args`` (arrays and Python
+        numbers; static leaves such as an activation function are skipped, whatever spec
+        they were given: ``parallel/arguments.py``).
     """
     if specs is None:
         specs = tuple(None for _ in args)
@@ -216,6 +219,8 @@ def resolve_shardings(
             specs = (specs,)
     out = []
     for path, leaf, spec in broadcast_specs(specs, tuple(args), what=what):
+        if not is_traced(leaf):
+            continue
         shape = tuple(int(d) for d in getattr(leaf, "shape", ()))
         if spec is None:
             out.append((path, shape, None))

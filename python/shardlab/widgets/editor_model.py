@@ -92,7 +92,9 @@ class EditorModel:
         self.traced: Traced = trace(self.fn, *self.args, unroll_scans=True)
         self.leaves = tuple(
             Leaf(path, tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", "")))
-            for path, x in zip(self.traced.paths, jax.tree_util.tree_leaves(self.args), strict=True)
+            for path, x in zip(
+                self.traced.paths, jax.tree_util.tree_leaves(self.traced.dynamic_args), strict=True
+            )
         )
         self.specs = [PartitionSpec() for _ in self.leaves]
         self._lock = threading.Lock()

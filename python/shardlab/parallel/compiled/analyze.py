@@ -8,6 +8,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding
 
+from shardlab.parallel.arguments import abstract_args, bind, drop_static, eval_shape, split
 from shardlab.parallel.compiled.hlo import collectives_from_hlo
 from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.records import MemoryBreakdown, Report
@@ -15,17 +16,19 @@ from shardlab.parallel.specs import resolve_shardings, unflatten_like
 
 
 def shardings_for(args: tuple[Any, ...], specs: Any, mesh: Mesh, *, what: str) -> tuple[Any, ...]:
-    """Validated ``NamedSharding``/None pytree with the structure of ``args``."""
+    """Validated ``NamedSharding``/None pytree with the structure of ``args``' dynamic tree
+    (static leaves ``None``: ``parallel/arguments.py``)."""
     resolved = resolve_shardings(specs, args, mesh, what=what)
-    return unflatten_like(args, [s for _, _, s in resolved])
+    dynamic = split(tuple(args), check=False).dynamic(tuple(args))
+    return unflatten_like(dynamic, [s for _, _, s in resolved])
 
 
 def _out_shardings(fn: Callable[..., Any], args: tuple[Any, ...], specs: Any, mesh: Mesh):
     if specs is None:
         return None
-    out_shape = jax.eval_shape(fn, *args)
+    out_shape = eval_shape(fn, *args)
     resolved = resolve_shardings((specs,), (out_shape,), mesh, what="out_shardings")
-    treedef = jax.tree_util.tree_structure(out_shape)
+    treedef = jax.tree_util.tree_structure(drop_static(out_shape))
     return jax.tree_util.tree_unflatten(treedef, [s for _, _, s in resolved])
 
 
@@ -43,14 +46,22 @@ def compile_sharded(
     in_shardings: Any = None,
     out_shardings: Any = None,
 ):
-    """Validate the specs, then lower and compile; returns the ``Compiled`` object."""
+    """Validate the specs, then lower and compile; returns the ``Compiled`` object.
+
+    Lowered on shapes (``arguments.abstract_args``): the arguments may be placed anywhere
+    (another mesh or spec, one device) and hold static leaves (functions, strings), which
+    are closed over; the compiled program takes the dynamic tree (static leaves ``None``).
+    """
+    args = tuple(args)
+    parts = split(args, fn)
     ins = shardings_for(args, in_shardings, mesh, what="in_shardings")
     outs = _out_shardings(fn, args, out_shardings, mesh)
     kwargs: dict[str, Any] = {"in_shardings": ins}
     if outs is not None:
         kwargs["out_shardings"] = outs
     with jax.set_mesh(mesh):
-        return jax.jit(fn, **kwargs).lower(*args).compile()
+        lowered = jax.jit(bind(fn, parts), **kwargs).lower(*parts.dynamic(abstract_args(args)))
+        return lowered.compile()
 
 
 def analyze(
@@ -64,7 +75,9 @@ def analyze(
 
     Args:
         fn: the function; it is traced with ``args`` (arrays or ``jax.ShapeDtypeStruct``).
-        *args: example positional arguments.
+        *args: example positional arguments. Only their shapes and dtypes are read, not their
+            placement; non-array leaves (an activation function, a string, a bool) are
+            static, closed over (``parallel/arguments.py``).
         mesh: the device mesh.
         in_shardings: a pytree (or prefix) of ``PartitionSpec``/``NamedSharding``/``None``
             matching ``args``; ``None`` leaves a leaf to the partitioner.

@@ -11,9 +11,9 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from shardlab.parallel.arguments import eval_shape
 from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.cost.combine import combine_all_reduces
 from shardlab.parallel.cost.memory import device_memory
@@ -147,7 +147,7 @@ def prepare_strategy(
     ins = [L.from_spec(s, len(shape)) for _, shape, s in resolved]
     outs = None
     if out_shardings is not None:
-        out_shape = traced.out_shape if traced is not None else jax.eval_shape(fn, *args)
+        out_shape = traced.out_shape if traced is not None else eval_shape(fn, *args)
         res = resolve_shardings((out_shardings,), (out_shape,), mesh, what="out_shardings")
         outs = [None if s is None else L.from_spec(s, len(shape)) for _, shape, s in res]
     layouts = _constraint_layouts(graph, constraints, mesh)
@@ -169,7 +169,8 @@ def predict(
 
     Args:
         fn: the function.
-        *args: example arguments (arrays or ``jax.ShapeDtypeStruct``).
+        *args: example arguments (arrays placed anywhere or ``jax.ShapeDtypeStruct``;
+            non-array leaves are static: ``parallel/arguments.py``).
         mesh: the device mesh.
         in_shardings: a pytree (prefix) of ``PartitionSpec``/``NamedSharding`` matching
             ``args``; a ``None`` leaf is taken as replicated.

@@ -30,8 +30,10 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from shardlab.parallel.arguments import abstract_args, bind, split
 from shardlab.parallel.cost.predict import prepare_strategy
 from shardlab.parallel.records import COLLECTIVE_KINDS, _Record
+from shardlab.parallel.specs import resolve_shardings, unflatten_like
 
 MAX_EVENTS = 4000  # compute events are merged into segments beyond this
 
@@ -179,24 +181,33 @@ _KIND = re.compile("|".join(COLLECTIVE_KINDS))
 def measure(
     fn: Callable[..., Any], *args: Any, mesh: Any, in_shardings: Any, runs: int = 1
 ) -> Timeline:
-    """Runs the compiled program under ``jax.profiler.trace`` and reads its events per device."""
+    """Runs the compiled program under ``jax.profiler.trace`` and reads its events per device.
+
+    Compiled on the arguments' shapes (``arguments.abstract_args``), then run on them placed
+    as the program wants (``jax.device_put``; a ``jax.ShapeDtypeStruct`` leaf runs on zeros).
+    """
     import jax
-    from jax.sharding import NamedSharding, PartitionSpec
+    import jax.numpy as jnp
 
-    def named(spec: Any) -> Any:
-        return NamedSharding(mesh, spec) if isinstance(spec, PartitionSpec) else spec
-
-    shardings = jax.tree_util.tree_map(
-        named, in_shardings, is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None
-    )
-    jitted = jax.jit(fn, in_shardings=shardings)
-    compiled = jitted.lower(*args).compile()
+    args = tuple(args)
+    parts = split(args, fn)
+    dynamic = parts.dynamic(args)
+    resolved = resolve_shardings(in_shardings, args, mesh, what="in_shardings")
+    shardings = unflatten_like(dynamic, [s for _, _, s in resolved])
+    jitted = jax.jit(bind(fn, parts), in_shardings=shardings)
+    compiled = jitted.lower(*parts.dynamic(abstract_args(args))).compile()
+    leaves = jax.tree_util.tree_leaves(dynamic)
+    placed = [
+        jax.device_put(jnp.zeros(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct) else x, s)
+        for x, s in zip(leaves, jax.tree_util.tree_leaves(compiled.input_shardings[0]), strict=True)
+    ]
+    run_args = jax.tree_util.tree_unflatten(parts.dynamic_treedef, placed)
     module = (compiled.as_text() or "").split("\n", 1)[0].split()[1].split(",")[0]
-    jax.block_until_ready(compiled(*args))  # warm
+    jax.block_until_ready(compiled(*run_args))  # warm
     with tempfile.TemporaryDirectory() as folder:
         with jax.profiler.trace(folder, create_perfetto_trace=True):
             for _ in range(runs):
-                jax.block_until_ready(compiled(*args))
+                jax.block_until_ready(compiled(*run_args))
         files = glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)
         if not files:
             raise RuntimeError("jax.profiler wrote no trace; is the profiler available here?")

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import numpy as np
-from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
+from shardlab.parallel.arguments import (
+    Split,
+    abstract_args,
+    drop_static,
+    leaf_paths,
+    path_text,
+    split,
+)
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.graph.opgraph import OpGraph, build_from_jaxpr
 
@@ -29,18 +35,21 @@ class Traced:
 
     Attributes:
         fn: the function.
-        args: the arguments as ``jax.ShapeDtypeStruct`` pytrees (no data is kept).
-        jaxpr: the closed jaxpr of ``fn(*args)``.
-        out_shape: the output pytree of ``jax.ShapeDtypeStruct``.
+        args: the arguments, traced leaves as ``jax.ShapeDtypeStruct`` (no data is kept),
+            static leaves (functions, strings, bools: ``parallel/arguments.py``) as given.
+        jaxpr: the closed jaxpr of ``fn(*args)``: its inputs are the traced leaves.
+        out_shape: the output pytree of ``jax.ShapeDtypeStruct`` (static outputs ``None``).
         graph: the ``OpGraph`` of ``jaxpr`` (scans unrolled when ``unroll_scans``).
         ties: ``{flat output position: flat input position}`` of outputs that are updated
             arguments (``find_ties``).
-        paths: per flat argument leaf, its path (``params/w1``, see ``leaf_paths``).
-        arg_of_leaf: per flat argument leaf, the position of the argument it belongs to.
-        in_tree: the tree structure of ``args`` (as a tuple).
+        paths: per traced argument leaf, its path (``params/w1``, see ``leaf_paths``).
+        arg_of_leaf: per traced argument leaf, the position of the argument it belongs to.
+        in_tree: the tree structure of ``dynamic_args`` (static leaves ``None``).
         out_tree: the tree structure of the output.
         fingerprint: a digest of the graph's primitives and shapes.
         unroll_scans: whether the graph unrolls top-level scans (the search's graph does).
+        arguments: the arguments split into traced and static leaves.
+        outputs: the output split likewise (its static leaves are put back by ``Plan``).
     """
 
     fn: Callable[..., Any]
@@ -55,6 +64,13 @@ class Traced:
     out_tree: Any
     fingerprint: str
     unroll_scans: bool = True
+    arguments: Split | None = None
+    outputs: Split | None = None
+
+    @property
+    def dynamic_args(self) -> tuple[Any, ...]:
+        """``args`` with the static leaves ``None``: its leaves are the graph's inputs."""
+        return self.args if self.arguments is None else self.arguments.dynamic(self.args)
 
     def input_shapes(self) -> list[tuple[int, ...]]:
         """Per flat argument leaf, its shape."""
@@ -66,40 +82,52 @@ def trace(fn: Callable[..., Any], *args: Any, unroll_scans: bool = True) -> Trac
 
     Args:
         fn: the function.
-        *args: example arguments (arrays, ``jax.ShapeDtypeStruct`` or pytrees of them).
+        *args: example arguments: pytrees of arrays (placed anywhere), ``ShapeDtypeStruct``s
+            and static leaves (functions, strings, bools), split as ``arguments.split`` says.
         unroll_scans: unroll top-level ``lax.scan`` loops into the graph (the search, its
             plans and the editor do; ``predict`` and ``analyze`` take the loop as one node).
 
     Raises:
         SearchError: the function does not trace with these arguments (the message names the
             function and the original error).
+        ArgumentError: a leaf can be neither traced nor static (the message names it).
     """
+    args = tuple(args)
+    parts = split(args, fn)  # ArgumentError (a SearchError) for a leaf that cannot be either
+    abstract = abstract_args(args)  # traced on shapes: the arguments' placement is not read
+    dynamic = parts.dynamic(abstract)
+    outputs: list[Split] = []
+
+    def traced_fn(*dyn: Any) -> Any:
+        out = fn(*parts.combine(dyn))
+        outputs.append(split(out, check=False))
+        return drop_static(out)
+
+    traced_fn.__name__ = traced_fn.__qualname__ = getattr(fn, "__name__", "fn")
     try:
-        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+        closed, out_shape = jax.make_jaxpr(traced_fn, return_shape=True)(*dynamic)
     except Exception as e:  # any tracing failure is the user's function's
         raise SearchError(
             f"{getattr(fn, '__name__', fn)!r} does not trace with the given arguments: "
             f"{type(e).__name__}: {e}"
         ) from e
     graph = build_from_jaxpr(closed, unroll_scans=unroll_scans)
-    args = tuple(args)
-    counts = [len(jax.tree_util.tree_leaves(a)) for a in args]
-    abstract = jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(np.shape(x), getattr(x, "dtype", np.float32)), args
-    )
+    counts = [len(jax.tree_util.tree_leaves(a)) for a in dynamic]
     return Traced(
         fn=fn,
         args=abstract,
         jaxpr=closed,
         out_shape=out_shape,
         graph=graph,
-        ties=find_ties(args, out_shape),
-        paths=tuple(path_text(p) for p in leaf_paths(fn, args)),
+        ties=find_ties(dynamic, out_shape),
+        paths=tuple(path_text(p) for p in leaf_paths(fn, dynamic)),
         arg_of_leaf=tuple(i for i, n in enumerate(counts) for _ in range(n)),
-        in_tree=jax.tree_util.tree_structure(args),
+        in_tree=jax.tree_util.tree_structure(dynamic),
         out_tree=jax.tree_util.tree_structure(out_shape),
         fingerprint=fingerprint(graph),
         unroll_scans=unroll_scans,
+        arguments=parts,
+        outputs=outputs[-1],
     )
 
 
@@ -148,40 +176,3 @@ def find_ties(args: tuple[Any, ...], out_shape: Any) -> dict[int, int]:
                 ties.update({o_start + i: a_start + i for i in range(n)})
                 break
     return ties
-
-
-def _component(key: Any) -> str:
-    if isinstance(key, DictKey):
-        return str(key.key)
-    if isinstance(key, SequenceKey):
-        return str(key.idx)
-    if isinstance(key, GetAttrKey):
-        return key.name
-    if isinstance(key, FlattenedIndexKey):
-        return str(key.key)
-    return str(key)
-
-
-def leaf_paths(fn: Callable[..., Any] | None, args: Sequence[Any]) -> list[tuple[str, ...]]:
-    """Per flat argument leaf, its path as strings; the first component is the parameter
-    name of ``fn`` when known (else the position)."""
-    try:
-        names = [
-            p.name
-            for p in inspect.signature(fn).parameters.values()  # type: ignore[arg-type]
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-    except (TypeError, ValueError):
-        names = []
-    out = []
-    for path, _ in jax.tree_util.tree_flatten_with_path(tuple(args))[0]:
-        comps = [_component(k) for k in path]
-        pos = int(comps[0])
-        comps[0] = names[pos] if pos < len(names) else comps[0]
-        out.append(tuple(comps))
-    return out
-
-
-def path_text(path: Sequence[str]) -> str:
-    """``"params/w1"``."""
-    return "/".join(path)

@@ -34,7 +34,7 @@ class Binding:
 
     @property
     def args(self) -> tuple[Any, ...]:
-        """The example arguments as ``jax.ShapeDtypeStruct`` pytrees."""
+        """The example arguments as ``jax.ShapeDtypeStruct`` pytrees (static leaves kept)."""
         return self.traced.args
 
     @property
@@ -53,15 +53,30 @@ class Binding:
         self,
         outputs: Mapping[int, Sequence[PartitionSpec | None]],
         operands: Mapping[int, Mapping[int, PartitionSpec]] | None = None,
+        *,
+        dynamic: bool = False,
     ) -> Callable[..., Any]:
         """The traced function re-evaluated equation by equation with ``outputs``
         (``{node: spec per output}``) and ``operands`` (``{node: {position: spec}}``)
-        constrained; it takes and returns the original pytrees (not jitted)."""
+        constrained (not jitted).
+
+        It takes the original pytrees (static leaves equal to the traced ones, or ``None``:
+        ``parallel/arguments.py``) and returns the original output pytree, static leaves put
+        back. ``dynamic``: it takes and returns the dynamic trees (static leaves ``None``),
+        what ``jax.jit`` can take.
+        """
         run = interpreter(self.graph, self.mesh, dict(outputs), self.in_tree, operands or {})
         out_tree = self.out_tree
 
-        def planned(*args: Any) -> Any:
+        def planned_dynamic(*args: Any) -> Any:
             return jax.tree_util.tree_unflatten(out_tree, list(run(*args)))
+
+        arguments, results = self.traced.arguments, self.traced.outputs
+        if dynamic or arguments is None or results is None:
+            return planned_dynamic
+
+        def planned(*args: Any) -> Any:
+            return results.combine(planned_dynamic(*arguments.dynamic(tuple(args))))
 
         return planned
 

@@ -19,6 +19,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from shardlab.parallel.arguments import abstract_args, place, split
 from shardlab.parallel.compiled.analyze import analyze
 from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.cost.profiles import comm_time
@@ -143,12 +144,18 @@ class Plan(_Record):
         }
 
     # -- running -------------------------------------------------------------------------
-    def function(self) -> Callable[..., Any]:
-        """The traced function re-evaluated with the plan's constraints (not jitted)."""
+    def function(self, *, dynamic: bool = False) -> Callable[..., Any]:
+        """The traced function re-evaluated with the plan's constraints (not jitted).
+
+        It takes the arguments as given to the search (static leaves such as an activation
+        function equal to the traced ones, or ``None``) and returns the whole output;
+        ``dynamic``: it takes and returns the dynamic trees (static leaves ``None``,
+        ``parallel/arguments.py``), what ``jax.jit`` takes.
+        """
         ins: dict[int, dict[int, PartitionSpec]] = {}
         for node, pos, lay in self.operand_constraints:
             ins.setdefault(node, {})[pos] = make_spec(lay)
-        return self._bound().constrained(self.intermediate_specs(), ins)
+        return self._bound().constrained(self.intermediate_specs(), ins, dynamic=dynamic)
 
     def show(self) -> Any:
         """The plan's communication graph: predicted (this plan's cost) beside compiled.
@@ -161,18 +168,63 @@ class Plan(_Record):
             raise RuntimeError("plan.show() needs the views: import shardlab first")
         return viewer(self)
 
-    def jit(self, **jit_kwargs: Any) -> Callable[..., Any]:
-        """``jax.jit`` of the function with the plan's in/out shardings and constraints."""
+    def jit(self, **jit_kwargs: Any) -> PlannedJit:
+        """``jax.jit`` of the function with the plan's in/out shardings and constraints.
+
+        The returned function takes the arguments as the user passes them, in any layout:
+        an array placed otherwise than the plan's ``in_shardings`` (another spec or mesh,
+        one device) is moved there first (``jax.device_put``; one already there is not
+        touched, and under an outer ``jax.jit`` or trace the arguments pass through).
+        Static leaves (an equinox module's activation functions) must equal the traced
+        ones; the output comes back whole, static leaves included. ``.lower(*args)`` lowers
+        it on the arguments' shapes. ``plan.shard(*args)`` places the arguments once (a
+        training loop then moves nothing per step).
+        """
         kwargs = {"in_shardings": self.in_shardings, "out_shardings": self.out_shardings}
+        own = "in_shardings" not in jit_kwargs
         kwargs.update(jit_kwargs)
-        return jax.jit(self.function(), **kwargs)
+        b = self._bound()
+        jitted = jax.jit(self.function(dynamic=True), **kwargs)
+        shardings = self._in_sharding_leaves() if own else None
+        return PlannedJit(jitted, b.traced, shardings)
+
+    def shard(self, *args: Any) -> tuple[Any, ...]:
+        """The arguments placed as the plan wants, to place them once before a loop.
+
+        Every array leaf not already on its ``in_shardings`` entry is moved there
+        (``jax.device_put``; a tracer is passed through); static leaves and Python numbers
+        are returned as they are. Returns a tuple of the same pytrees, one per argument::
+
+            step = plan.jit()
+            params, opt_state, batch = plan.shard(params, opt_state, batch)
+            for _ in range(steps):
+                params, opt_state, loss = step(params, opt_state, batch)
+
+        Raises:
+            TypeError: the arguments have another structure than the plan's.
+            ArgumentError: a static leaf differs from the one the plan was made for.
+        """
+        traced = self._bound().traced
+        parts = traced.arguments or split(traced.args, check=False)
+        args = tuple(args)
+        dynamic = parts.dynamic(args)
+        leaves = jax.tree_util.tree_leaves(dynamic)
+        placed = [place(x, s) for x, s in zip(leaves, self._in_sharding_leaves(), strict=True)]
+        if jax.tree_util.tree_structure(args) == parts.treedef:
+            return tuple(parts.with_traced(placed))
+        return tuple(jax.tree_util.tree_unflatten(parts.dynamic_treedef, placed))
+
+    def _in_sharding_leaves(self) -> list[NamedSharding]:
+        b = self._bound()
+        return [NamedSharding(b.mesh, make_spec(s)) for s in self.input_specs]
 
     def verify(self) -> Report:
-        """Compile the plan and read the actual collectives and per-device memory."""
+        """Compile the plan and read the actual collectives and per-device memory (on the
+        arguments' shapes: what the example arguments were placed on does not matter)."""
         b = self._bound()
         return analyze(
-            self.function(),
-            *b.args,
+            self.function(dynamic=True),
+            *b.traced.dynamic_args,
             mesh=b.mesh,
             in_shardings=self.in_shardings,
             out_shardings=self.out_shardings,
@@ -313,6 +365,40 @@ class Plan(_Record):
     def compiled_comm_time(self, report: Report, device: Any = None) -> float:
         """Alpha-beta seconds of a compiled report's collectives (the target-1 metric)."""
         return comm_time(report.collectives, device or self.cost.device)
+
+
+class PlannedJit:
+    """What ``Plan.jit()`` returns: the jitted plan, taking arguments as the user passes
+    them (any layout; static leaves equal to the traced ones) and returning the whole output.
+
+    Attributes:
+        jitted: the ``jax.jit`` function of the dynamic trees (static leaves ``None``).
+    """
+
+    def __init__(self, jitted: Any, traced: Traced, shardings: list[NamedSharding] | None):
+        self.jitted = jitted
+        self._arguments = traced.arguments or split(traced.args, check=False)
+        self._outputs = traced.outputs
+        self._shardings = shardings
+        self.__name__ = getattr(traced.fn, "__name__", "planned")
+
+    def _dynamic(self, args: tuple[Any, ...]) -> Any:
+        dynamic = self._arguments.dynamic(args)
+        if self._shardings is None:
+            return dynamic
+        leaves, tree = jax.tree_util.tree_flatten(dynamic)
+        if len(leaves) != len(self._shardings):  # the interpreter names the mismatch
+            return dynamic
+        placed = [place(x, s) for x, s in zip(leaves, self._shardings, strict=True)]
+        return jax.tree_util.tree_unflatten(tree, placed)
+
+    def __call__(self, *args: Any) -> Any:
+        out = self.jitted(*self._dynamic(args))
+        return out if self._outputs is None else self._outputs.combine(out)
+
+    def lower(self, *args: Any) -> Any:
+        """``jax.jit(...).lower`` on the arguments' shapes (their placement is not read)."""
+        return self.jitted.lower(*self._arguments.dynamic(abstract_args(tuple(args))))
 
 
 class _Code(str):

@@ -15,9 +15,9 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from shardlab.parallel.arguments import leaf_paths, path_text
 from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.errors import SearchError
-from shardlab.parallel.graph.trace import leaf_paths, path_text
 from shardlab.parallel.specs import ShardingSpecError, check_spec
 
 

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import jax
 from jax.sharding import Mesh
 
 from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile
@@ -83,7 +82,9 @@ def search(
 
     Args:
         fn: the function (a forward pass or a whole train step).
-        *args: example arguments (arrays or ``jax.ShapeDtypeStruct``).
+        *args: example arguments: arrays placed anywhere (their placement is not read) or
+            ``jax.ShapeDtypeStruct``, in any pytree (an equinox module included); non-array
+            leaves (functions, strings, bools) are static (``parallel/arguments.py``).
         mesh: the device mesh.
         method: ``"propagate"`` (semi-auto: annotations and ``with_sharding_constraint``
             calls fixed, the rest chosen from a program-order propagation of them, then
@@ -137,9 +138,9 @@ def search(
     sizes = mesh_shape_of(mesh)
     report(0.0, "tracing")
     traced = trace(fn, *args)
-    fixed = resolve_annotations(annotations, fn, args, mesh)
+    fixed = resolve_annotations(annotations, fn, traced.dynamic_args, mesh)
     graph, ties = traced.graph, traced.ties
-    n_batch = len(jax.tree_util.tree_leaves(args[-1])) if len(args) > 1 else 0
+    n_batch = traced.arg_of_leaf.count(len(args) - 1) if len(args) > 1 else 0
     report(0.1, f"{len(graph.nodes)} equations traced")
     space = build_space(graph, sizes, profile, fixed_inputs=fixed, ties=ties)
     report(0.3, f"{len(space.units)} decisions, {len(space.edges)} edges")
