@@ -14,8 +14,11 @@ import platform
 import sys
 import time
 
-SECTIONS = ("kernel", "fidelity", "editor", "search", "corpus")
-MODULES = {"corpus": "shardlab.bench.corpus.section"}  # the rest: shardlab.bench.<name>
+SECTIONS = ("kernel", "fidelity", "editor", "search", "corpus", "graph")
+MODULES = {  # the rest: shardlab.bench.<name>
+    "corpus": "shardlab.bench.corpus.section",
+    "graph": "shardlab.bench.graph_suite",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
