@@ -38,7 +38,7 @@ def test_install_into_prefix_names_interpreter_and_devices(tmp_path):
     assert os.path.isabs(spec["argv"][0]) and os.path.exists(spec["argv"][0])
     assert spec["argv"][1:5] == ["-m", "shardlab.kernel", "--devices", "cpu:4"]
     assert "{connection_file}" in spec["argv"]
-    assert spec["display_name"] == "JAX · shardlab (4 CPU devices)"
+    assert spec["display_name"] == "JAX · shardlab · t4 (4 CPU devices)"  # not the default name
     assert "env" not in spec  # pinning travels as arguments: VS Code may drop env
 
 

@@ -1,36 +1,96 @@
 """shardlab: an interactive workbench for parallel JAX.
 
 The public API; everything else is private to its package. Importing ``shardlab`` does not
-import IPython or widget libraries (the kernel parts load on demand).
+import IPython or widget libraries (the kernel parts load on demand), nor JAX: the names
+below load on first use (PEP 562), all together, so that ``python -m shardlab --help`` and
+the kernel launcher (which pins devices before JAX starts) stay fast. The first use also
+loads the views, which ``Plan.show()`` needs.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from . import examples, strategies
 from ._version import __version__
-from .engine import GraphCache, GraphStagingError, ModeError, ReleaseReport
-from .engine.devices import DeviceSpecError, SwitchReport
-from .kernel.release import release
-from .parallel import (
-    DEVICE_PROFILES,
-    Collective,
-    CostBreakdown,
-    DeviceProfile,
-    Layout,
-    MemoryBreakdown,
-    Report,
-    ShardingSpecError,
-    analyze,
-    mesh,
-    predict,
-)
-from .parallel.errors import SearchError
-from .parallel.plan.plan import Plan
-from .parallel.records import PlanRow
-from .parallel.search.driver import search
-from .widgets import commgraph, editor, memory, show, timeline, watch
+
+if TYPE_CHECKING:
+    from . import examples, strategies
+    from .engine import GraphCache, GraphStagingError, ModeError, ReleaseReport
+    from .engine.devices import DeviceSpecError, SwitchReport
+    from .kernel.release import release
+    from .parallel import (
+        DEVICE_PROFILES,
+        Collective,
+        CostBreakdown,
+        DeviceProfile,
+        Layout,
+        MemoryBreakdown,
+        Report,
+        ShardingSpecError,
+        analyze,
+        mesh,
+        predict,
+    )
+    from .parallel.errors import SearchError
+    from .parallel.plan.plan import Plan
+    from .parallel.records import PlanRow
+    from .parallel.search.driver import search
+    from .widgets import commgraph, editor, memory, show, timeline, watch
+
+# Public name -> (module, attribute; None: the module itself).
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "examples": (".examples", None),
+    "strategies": (".strategies", None),
+    **{n: (".engine", n) for n in ("GraphCache", "GraphStagingError", "ModeError")},
+    "ReleaseReport": (".engine", "ReleaseReport"),
+    "DeviceSpecError": (".engine.devices", "DeviceSpecError"),
+    "SwitchReport": (".engine.devices", "SwitchReport"),
+    "release": (".kernel.release", "release"),
+    **{
+        n: (".parallel", n)
+        for n in (
+            "DEVICE_PROFILES",
+            "Collective",
+            "CostBreakdown",
+            "DeviceProfile",
+            "Layout",
+            "MemoryBreakdown",
+            "Report",
+            "ShardingSpecError",
+            "analyze",
+            "mesh",
+            "predict",
+        )
+    },
+    "SearchError": (".parallel.errors", "SearchError"),
+    "Plan": (".parallel.plan.plan", "Plan"),
+    "PlanRow": (".parallel.records", "PlanRow"),
+    "search": (".parallel.search.driver", "search"),
+    **{n: (".widgets", n) for n in ("commgraph", "editor", "memory", "show", "timeline", "watch")},
+}
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _load()
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def _load() -> None:
+    """Imports every lazy name at once (the views register ``Plan.show()``'s viewer)."""
+    values = {}
+    for public, (module, attr) in _LAZY.items():
+        loaded = importlib.import_module(module, __name__)
+        values[public] = loaded if attr is None else getattr(loaded, attr)
+    globals().update(values)
+
 
 __all__ = [
     "DEVICE_PROFILES",

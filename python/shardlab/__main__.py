@@ -1,21 +1,27 @@
-"""``python -m shardlab``: install or remove shardlab kernelspecs."""
+"""``python -m shardlab``: install or remove shardlab kernelspecs.
+
+``--help`` imports neither JAX nor jupyter_client (``import shardlab`` is lazy too): the
+device set is parsed, and the kernelspec written, only once a command runs.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .engine.devices import DeviceSpecError, parse_devices
-from .kernel.kernelspec import DEFAULT_DEVICES, DEFAULT_NAME, install, kernel_json, uninstall
+from .kernel.kernelspec import DEFAULT_DEVICES, DEFAULT_NAME
 
 _EPILOG = """\
 examples:
   python -m shardlab install --sys-prefix                 # 8 simulated CPU devices
   python -m shardlab install --user --devices gpu:0,1 --name shardlab-gpu01
+  python -m shardlab install --user --name big --devices cpu:64 --display-name "JAX 64"
   python -m shardlab uninstall shardlab-gpu01
 
 The kernelspec's argv[0] is this interpreter's absolute path (VS Code needs that) and the
-device set is passed to the launcher as arguments, applied before JAX is imported.
+device set is passed to the launcher as arguments, applied before JAX is imported. A kernel
+picker shows "JAX · shardlab (8 CPU devices)" for the default name and
+"JAX · shardlab · NAME (...)" for any other, unless --display-name says otherwise.
 """
 
 
@@ -40,28 +46,56 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_DEVICES,
         help=f"cpu:N | gpu:I,J,... | gpu:all (default {DEFAULT_DEVICES})",
     )
+    add.add_argument(
+        "--display-name",
+        metavar="TEXT",
+        help="the name kernel pickers show (default: JAX · shardlab[ · NAME] (DEVICES))",
+    )
     add.add_argument("--dry-run", action="store_true", help="print kernel.json, install nothing")
     remove = commands.add_parser("uninstall", help="remove a kernelspec by name")
     remove.add_argument("name")
     args = parser.parse_args(argv)
     if args.command == "install":
-        try:
-            device_set = parse_devices(args.devices)
-        except DeviceSpecError as error:
-            parser.error(str(error))
-        if args.dry_run:
-            import json
-
-            print(json.dumps(kernel_json(device_set), indent=1))
-            return 0
-        prefix = sys.prefix if args.sys_prefix else args.prefix
-        path = install(name=args.name, devices=args.devices, user=args.user, prefix=prefix)
-        print(f"installed kernelspec {args.name!r} ({device_set.label}) in {path}")
-        return 0
+        return _install(parser, args)
     if args.command == "uninstall":
+        from .kernel.kernelspec import uninstall
+
         print(f"removed {uninstall(args.name)}")
         return 0
     parser.print_help()
+    return 0
+
+
+def _install(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from .engine.devices import DeviceSpecError, parse_devices
+    from .kernel.kernelspec import install, kernel_json, same_display_name
+
+    try:
+        device_set = parse_devices(args.devices)
+    except DeviceSpecError as error:
+        parser.error(str(error))
+    display = args.display_name
+    if display is not None and not display.strip():
+        parser.error(f"--display-name {display!r} is empty; e.g. --display-name 'JAX 64'")
+    spec = kernel_json(device_set, name=args.name, display=display)
+    if args.dry_run:
+        import json
+
+        print(json.dumps(spec, indent=1))
+        return 0
+    prefix = sys.prefix if args.sys_prefix else args.prefix
+    path = install(
+        name=args.name, devices=args.devices, user=args.user, prefix=prefix, display=display
+    )
+    shown = spec["display_name"]
+    print(f"installed kernelspec {args.name!r} ({device_set.label}) as {shown!r} in {path}")
+    clashes = same_display_name(str(shown), args.name)
+    if clashes:
+        print(
+            f"note: kernelspec(s) {', '.join(clashes)} show the same name {shown!r} in kernel "
+            "pickers; give this one another with --display-name",
+            file=sys.stderr,
+        )
     return 0
 
 

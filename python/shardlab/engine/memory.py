@@ -13,7 +13,7 @@ import ctypes
 import gc
 import sys
 import types
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, MutableMapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -65,11 +65,23 @@ def _shard_arrays(array: jax.Array) -> list[jax.Array]:
     return list(arrays)
 
 
-def buffers() -> tuple[dict[int, tuple[str, int]], set[int]]:
+def buffers(prefer: Collection[int] = ()) -> tuple[dict[int, tuple[str, int]], set[int]]:
     """Every live device buffer once: ``{address: (device, bytes)}``, and the ids of live
-    arrays that are views of another array's shard (counted with their parent)."""
+    arrays that are views of another array's buffer (counted with it).
+
+    JAX makes such views itself: an array's per-shard arrays (created lazily, then cached on
+    it), and on CPU the array a zero-copy read to host (``np.asarray``, printing) wraps the
+    buffer in. Of single-device arrays sharing a buffer, one whose id is in ``prefer`` (a
+    named one, say) is the buffer's owner; the others are its views.
+    """
     by_pointer: dict[int, tuple[str, int]] = {}
     views: set[int] = set()
+    # Reading a buffer pointer makes JAX create an array's shard views: make them all
+    # first, so that every view is listed below, not only in later jax.live_arrays() calls.
+    for array in jax.live_arrays():
+        parts = _safe_shards(array) if _devices(array) > 1 else [array]
+        for part in parts:
+            _pointer(part)
     live = jax.live_arrays()
     multi = [a for a in live if _devices(a) > 1]
     for array in multi:
@@ -78,9 +90,10 @@ def buffers() -> tuple[dict[int, tuple[str, int]], set[int]]:
             if pointer is not None:
                 by_pointer[pointer] = (str(next(iter(shard.devices()))), int(shard.nbytes))
                 views.add(id(shard))
-    for array in live:
-        if id(array) in views or _devices(array) != 1:
-            continue
+    singles = [a for a in live if id(a) not in views and _devices(a) == 1]
+    preferred = set(prefer)
+    singles.sort(key=lambda a: id(a) not in preferred)  # stable: live order otherwise
+    for array in singles:
         pointer = _pointer(array)
         if pointer is None:
             continue
@@ -207,6 +220,12 @@ def _reachable_arrays(
     return found, not queue
 
 
+def reachable_array_ids(roots: Iterable[object], *, max_objects: int = 300_000) -> set[int]:
+    """ids of the JAX arrays reachable from ``roots`` (containers, attributes, closures);
+    the walk stops after ``max_objects`` objects."""
+    return _reachable_arrays(roots, max_objects=max_objects)[0]
+
+
 def _cell_ok(cell: Any) -> bool:
     try:
         cell.cell_contents  # noqa: B018 - an empty cell raises ValueError
@@ -228,6 +247,8 @@ class ReleaseReport:
     caches_cleared: dict[str, int]
     trimmed: bool
     platform: str
+    names_unbound: tuple[str, ...] = ()  # of named_arrays_deleted: names removed
+    named_arrays_kept: tuple[str, ...] = ()  # delete_named, but a module holds the arrays
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -246,7 +267,19 @@ class ReleaseReport:
             f"process RSS:  {_fmt(self.rss_before)} → {_fmt(self.rss_after)}",
         ]
         if self.named_arrays_deleted:
-            lines.append("deleted named arrays: " + ", ".join(self.named_arrays_deleted))
+            names = ", ".join(self.named_arrays_deleted)
+            unbound = set(self.names_unbound)
+            if unbound == set(self.named_arrays_deleted):
+                fate = "these names are unbound now (re-create them to use them)"
+            else:
+                left = [n for n in self.named_arrays_deleted if n not in unbound]
+                fate = "still bound to deleted arrays: " + ", ".join(left)
+            lines.append(f"deleted named arrays: {names}; {fate}")
+        if self.named_arrays_kept:
+            lines.append(
+                "kept named arrays that a module also holds (still usable): "
+                + ", ".join(self.named_arrays_kept)
+            )
         per_device = [
             f"{d}: {_fmt(self.bytes_before.get(d, 0))} → {_fmt(b)}"
             for d, b in self.bytes_after.items()
@@ -278,8 +311,10 @@ def release(
     Args:
         user_namespace: the user's names (a notebook's namespace); arrays reachable from it
             are kept unless ``delete_named``. ``None`` deletes no arrays at all.
-        delete_named: also delete arrays bound to names in ``user_namespace`` (their names
-            are reported).
+        delete_named: also delete arrays bound to names in ``user_namespace``; the names
+            that held them are unbound (removed from a mutable ``user_namespace``: using one
+            is then a ``NameError``, not "Array has been deleted") and reported, and so are
+            names whose arrays a module also holds (kept).
         delete_unreachable: delete arrays that neither the namespace nor any imported
             module reaches (typically held by stale tracebacks or hidden caches).
         skip_names: names in the namespace that are not the user's (IPython's ``In``,
@@ -300,6 +335,8 @@ def release(
     gc.collect()
     deleted = 0
     named: list[str] = []
+    named_kept: list[str] = []
+    unbound: list[str] = []
     if user_namespace is not None:
         user_items = [
             (k, v)
@@ -308,8 +345,11 @@ def release(
         ]
         barrier = frozenset({id(user_namespace), *(id(o) for o in stop_at)})
         user_ids, user_complete = _reachable_arrays((v for _, v in user_items), exclude=barrier)
+        per_name: dict[str, set[int]] = {}
         if delete_named:
-            named = [k for k, v in user_items if k != "_" and _reachable_arrays([v])[0]]
+            for k, v in user_items:
+                if k != "_":
+                    per_name[k] = _reachable_arrays([v], exclude=barrier)[0]
         module_roots = [
             vars(m) for name, m in list(sys.modules.items()) if m is not None and name != "__main__"
         ]
@@ -324,6 +364,8 @@ def release(
         # array object sharing its parent's buffer, and deleting it would delete the parent's.
         protected = _buffer_pointers(kept)
         kept_ids = {id(a) for a in kept}
+        live_ids = {id(a) for a in live if not a.is_deleted()}
+        deleted_ids: set[int] = set()
         for array in live:
             if id(array) in kept_ids:
                 continue
@@ -335,7 +377,17 @@ def release(
                 array.delete()
             except Exception:
                 continue
+            deleted_ids.add(id(array))
             deleted += id(array) not in user_ids
+        for k, ids in per_name.items():
+            if ids & deleted_ids:
+                named.append(k)
+            elif ids & live_ids:
+                named_kept.append(k)
+        if isinstance(user_namespace, MutableMapping):
+            for k in named:  # a name bound to deleted arrays only fails later: unbind it
+                user_namespace.pop(k, None)
+                unbound.append(k)
         del live, kept
     gc.collect()
     trimmed = malloc_trim()
@@ -350,4 +402,6 @@ def release(
         caches_cleared=caches,
         trimmed=trimmed,
         platform="gpu" if platform in ("gpu", "cuda", "rocm") else platform,
+        names_unbound=tuple(unbound),
+        named_arrays_kept=tuple(named_kept),
     )

@@ -1,4 +1,8 @@
-"""Kernelspecs that name their interpreter and their device set."""
+"""Kernelspecs that name their interpreter and their device set.
+
+Importing this module imports neither JAX nor jupyter_client (``python -m shardlab --help``
+stays fast): they load when a kernelspec is written.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +11,36 @@ import os
 import shutil
 import sys
 import tempfile
+from typing import TYPE_CHECKING
 
-from ..engine.devices import DeviceSet, parse_devices
+if TYPE_CHECKING:
+    from ..engine.devices import DeviceSet
 
 DEFAULT_NAME = "shardlab"
 DEFAULT_DEVICES = "cpu:8"
 
 
-def kernel_json(devices: DeviceSet, *, python: str | None = None) -> dict[str, object]:
+def display_name(devices: DeviceSet, name: str = DEFAULT_NAME) -> str:
+    """The name a kernel picker shows: ``JAX · shardlab (8 CPU devices)`` for the default
+    kernelspec, ``JAX · shardlab · NAME (8 CPU devices)`` for any other, so that two
+    kernelspecs of one device set are told apart."""
+    if name == DEFAULT_NAME:
+        return f"JAX · shardlab ({devices.label})"
+    return f"JAX · shardlab · {name} ({devices.label})"
+
+
+def kernel_json(
+    devices: DeviceSet,
+    *,
+    python: str | None = None,
+    name: str = DEFAULT_NAME,
+    display: str | None = None,
+) -> dict[str, object]:
     """The kernel.json for ``devices``; ``argv[0]`` is an absolute interpreter path.
 
     VS Code lists a kernelspec only when ``argv[0]`` is an absolute path to a real
     interpreter, and may drop ``env``: the device set is a launcher argument instead.
+    ``display`` replaces the display name (default: :func:`display_name`).
     """
     interpreter = os.path.abspath(python or sys.executable)
     return {
@@ -31,7 +53,7 @@ def kernel_json(devices: DeviceSet, *, python: str | None = None) -> dict[str, o
             "-f",
             "{connection_file}",
         ],
-        "display_name": f"JAX · shardlab ({devices.label})",
+        "display_name": display if display is not None else display_name(devices, name),
         "language": "python",
         "interrupt_mode": "signal",
         "metadata": {"debugger": True, "shardlab": {"devices": devices.spec}},
@@ -44,12 +66,18 @@ def install(
     devices: str = DEFAULT_DEVICES,
     user: bool = False,
     prefix: str | None = None,
+    display: str | None = None,
 ) -> str:
-    """Installs a kernelspec; returns the directory it was written to."""
+    """Installs a kernelspec; returns the directory it was written to.
+
+    ``display`` replaces the display name (default: :func:`display_name`).
+    """
     from jupyter_client.kernelspec import KernelSpecManager
 
+    from ..engine.devices import parse_devices
+
     device_set = parse_devices(devices)
-    spec = kernel_json(device_set)
+    spec = kernel_json(device_set, name=name, display=display)
     with tempfile.TemporaryDirectory() as tmp:
         folder = os.path.join(tmp, name)
         os.makedirs(folder)
@@ -80,3 +108,18 @@ def uninstall(name: str) -> str:
 def _logo_path() -> str | None:
     path = os.path.join(os.path.dirname(__file__), "logo-64x64.png")
     return path if os.path.exists(path) else None
+
+
+def same_display_name(display: str, name: str) -> list[str]:
+    """Installed kernelspecs other than ``name`` whose display name is ``display``."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    clashes = []
+    try:
+        specs = KernelSpecManager().get_all_specs()
+    except Exception:  # an unreadable kernelspec elsewhere is not this install's problem
+        return []
+    for other, info in specs.items():
+        if other != name and info.get("spec", {}).get("display_name") == display:
+            clashes.append(other)
+    return sorted(clashes)

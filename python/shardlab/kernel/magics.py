@@ -15,7 +15,12 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from ..engine import memory
-from ..engine.devices import DeviceSpecError, parse_devices, switch_cpu_devices
+from ..engine.devices import (
+    DeviceSpecError,
+    check_cpu_device_count,
+    parse_devices,
+    switch_cpu_devices,
+)
 from ..engine.errors import GraphStagingError
 from ..engine.graph import run_graph_cell
 from ..engine.modes import ModeError, mode_context, parse_mode
@@ -146,8 +151,10 @@ class ShardlabMagics(Magics):
         Clears IPython's output history (``Out``, ``_``, ``__``, ``___``), the last
         traceback, staged graph cells and JAX's compilation caches; deletes device arrays no
         name refers to; returns freed heap to the OS (glibc ``malloc_trim``). ``--all`` also
-        deletes arrays bound to names, listing them first. Prints per-device bytes and
-        process RSS before and after.
+        deletes arrays bound to names and unbinds those names (using one afterwards is a
+        ``NameError``, not "Array has been deleted"), listing them; names of arrays that a
+        module also holds are kept, and listed too. Prints per-device bytes and process RSS
+        before and after.
         """
         args = line.split()
         unknown = [a for a in args if a != "--all"]
@@ -164,9 +171,12 @@ class ShardlabMagics(Magics):
 
         Without an argument: platform, devices, the pinned set, the current mesh and
         per-device live bytes. ``%devices cpu:N`` switches in-process, moving every array
-        in the namespace through host memory so nothing is lost. GPU visibility cannot
-        change in a running process: install a kernelspec with ``python -m shardlab
-        install --devices gpu:0,1`` and restart with it.
+        in the namespace (and in the output history) through host memory so nothing is
+        lost; each array is copied once and keeps its names. ``N`` is bounded by what the
+        host can hold (about 1.25 MiB of host memory per simulated device, at most half of
+        the memory available, and at most 4096). GPU visibility cannot change in a running
+        process: install a kernelspec with ``python -m shardlab install --devices gpu:0,1``
+        and restart with it.
         """
         arg = line.strip()
         shell = self.shell
@@ -186,11 +196,26 @@ class ShardlabMagics(Magics):
                 "kernel (or restart with it)."
             )
         assert target.count is not None
-        self.session.graph_cache.clear()
         try:
-            report = switch_cpu_devices(target.count, shell.user_ns)
+            check_cpu_device_count(target.count)
         except DeviceSpecError as error:
             raise UsageError(str(error)) from None
+        self.session.graph_cache.clear()
+        # IPython keeps the last outputs beside the namespace too: the values of hidden names
+        # (``push(..., interactive=False)``) and the display hook's ``_``, ``__``, ``___``.
+        hook = getattr(shell, "displayhook", None)
+        unders = {n: getattr(hook, n) for n in ("_", "__", "___") if hasattr(hook, n)}
+        try:
+            report = switch_cpu_devices(
+                target.count,
+                shell.user_ns,
+                hidden=frozenset(shell.user_ns_hidden),
+                also=[shell.user_ns_hidden, unders],
+            )
+        except DeviceSpecError as error:
+            raise UsageError(str(error)) from None
+        for name, value in unders.items():
+            setattr(hook, name, value)
         print(report.text())
         self.session.status.send()
 

@@ -23,7 +23,8 @@ def release(*, all: bool = False) -> ReleaseReport:
     """Frees memory like ``%release``: output history, caches, unreachable arrays, heap.
 
     In a notebook (shardlab kernel or ``%load_ext shardlab``) arrays bound to names are kept
-    unless ``all=True``. Where shardlab is not loaded (a script, or IPython without the
+    unless ``all=True``, which deletes them too and unbinds the names that held them (the
+    report lists them, and the names kept because a module also holds their arrays). Where shardlab is not loaded (a script, or IPython without the
     extension) no arrays are deleted, only caches and heap.
     """
     try:

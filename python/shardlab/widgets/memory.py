@@ -10,6 +10,7 @@ from ._html import Raw, View, error_html, esc, fmt_bytes, panel, table
 from ._live import LiveDisplay, guarded
 
 TOP_ARRAYS = 12
+_HISTORY_NAMES = frozenset({"Out", "In"})  # IPython's output and input history
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,10 @@ def snapshot(namespace: dict[str, Any] | None = None) -> MemorySnapshot:
     from ..engine.memory import buffers, live_bytes_per_device, process_rss, shard_nbytes
 
     names: dict[int, str] = {}
-    for name, value in (namespace or {}).items():
-        if name.startswith("_"):
-            continue
+    # The user's names first: an array that Out (the output history) also holds is "x".
+    items = [(n, v) for n, v in (namespace or {}).items() if not n.startswith("_")]
+    items.sort(key=lambda item: item[0] in _HISTORY_NAMES)
+    for name, value in items:
         try:
             leaves = jax.tree_util.tree_flatten_with_path(value)[0]
         except Exception:
@@ -48,8 +50,11 @@ def snapshot(namespace: dict[str, Any] | None = None) -> MemorySnapshot:
         for path, leaf in leaves:
             if isinstance(leaf, jax.Array) and id(leaf) not in names:
                 names[id(leaf)] = name + jax.tree_util.keystr(path)
+                base = getattr(leaf, "_base_array", None)  # a typed PRNG key's data
+                if base is not None:
+                    names.setdefault(id(base), names[id(leaf)])
     entries = []
-    _, views = buffers()
+    _, views = buffers(prefer=names)  # a buffer a name holds is listed under that name
     arrays = [a for a in jax.live_arrays() if id(a) not in views]
     for array in arrays:
         try:

@@ -59,20 +59,28 @@ class Watch:
         self._seen: dict[str, int | None] = {}
         self.refreshes = 0
 
-    def _view(self) -> _WatchView:
+    def _view(self, cell: int | None) -> _WatchView:
         ns = self.shell.user_ns
         parts: list[tuple[str, list[LayoutView] | str]] = []
         for name in self.names:
             parts.append((name, _views_of(name, ns[name]) if name in ns else "not defined yet"))
             self._seen[name] = id(ns[name]) if name in ns else None
-        return _WatchView(parts, self.shell.execution_count)
+        return _WatchView(parts, cell)
+
+    def _running_cell(self) -> int | None:
+        """The number of the cell running now. IPython counts ``execution_count`` up when a
+        cell starts (before ``pre_run_cell``), so while cell N runs, and in its
+        ``post_run_cell``, ``shell.execution_count`` is N + 1."""
+        count = getattr(self.shell, "execution_count", None)
+        return count - 1 if isinstance(count, int) and count > 0 else None
 
     def post_run_cell(self, result: Any) -> None:
         ns = self.shell.user_ns
         changed = any((id(ns[n]) if n in ns else None) != self._seen.get(n) for n in self.names)
         if changed:
             self.refreshes += 1
-            self.display.update(self._view())
+            cell = getattr(result, "execution_count", None)  # the cell that just ran
+            self.display.update(self._view(cell if cell is not None else self._running_cell()))
 
     def stop(self) -> None:
         try:
@@ -81,7 +89,7 @@ class Watch:
             pass
 
     def _ipython_display_(self) -> None:
-        self.display.show(self._view())
+        self.display.show(self._view(self._running_cell()))
 
 
 def watch(*names: str) -> Watch:
