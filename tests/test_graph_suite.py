@@ -19,61 +19,15 @@ pytestmark = pytest.mark.kernel
 
 # Items whose graph run differs from the %%jit run (see the reasons).
 DIFFERS = {
-    "minibatch_epoch": (
-        "a dict read by a graph cell is rebuilt with jax.tree_util.tree_unflatten "
-        "(_Parts.rebuild in engine/graph.py), which sorts its keys: {'w', 'b'} iterates as "
-        "b, w inside the cell, so a dict comprehension over it binds {'b', 'w'}"
-    ),
-    "dict_output_order": (
-        "outputs are written back through tree_unflatten too (structure.values.rebuild in "
-        "run_graph_cell): a dict the cell builds as {loss, accuracy, max_logit} comes back "
-        "with sorted keys {accuracy, loss, max_logit}"
-    ),
-    "partial_config": (
-        "engine/state.py state_key keys a functools.partial by identity only (vars() of a "
-        "partial is empty; func/args/keywords are not walked), so changing the config dict "
-        "it holds reuses the stale program: pen_value stays 5.0 (expected 10.0, 15.0)"
-    ),
-    "print_pytree": (
-        "print arguments come back as NumPy arrays (np.asarray in _emit, engine/graph.py): "
-        "print(params) shows array(...) instead of Array(..., weak_type=True)"
-    ),
-    "fstring_debug_equals": (
-        "DeferredFormat.render turns 0-d values into NumPy scalars (engine/graph.py): "
-        "f'{fl=}' prints fl=np.float32(1.0) instead of fl=Array(1., dtype=float32, "
-        "weak_type=True)"
-    ),
-    "time_cell_magic_lines": (
-        "not graph mode: '%%jit\\n%%time\\n...' fails with 'Line magic function `%%time` not "
-        "found' (the session's cleanup transformer turns the %%jit line into a blank line, "
-        "so IPython no longer sees %%time as the first line); '%%graph\\n%%time' works"
-    ),
     "hessian_newton": (
         "numerics: the whole cell compiles as one XLA program and rounds as jax.jit(cell) "
         "does; the cancellation in 100*(p[1]-p[0]**2) after two damped Newton steps puts "
         "grad[1] 1.5e-5 apart from the op-by-op %%jit run (beyond rtol 1e-5)"
     ),
-    "explicit_mesh_set_mesh": (
-        "`with jax.set_mesh(mesh):` inside a graph cell raises JAX's ValueError "
-        "'set_mesh can only be used outside of jax.jit': the cell body is traced inside "
-        "jax.jit (engine/graph.py) and no GraphStagingError explains it or hoists the mesh"
-    ),
 }
 
 # Items that trace more often than they should (results equal).
-RETRACES = {
-    "mlp_inner_loop": (
-        "traces twice: `g` is bound inside the for loop before it is read, but "
-        "cellsource._free_reads counts a loop-bound name as a read, so once run 1 has left "
-        "`g` in the namespace, run 2 takes it as a new array input and stages again"
-    ),
-    "minibatch_epoch": "traces twice, as mlp_inner_loop (`gb` bound in the loop, then read)",
-    "partial_config": (
-        "traces once where it should trace per run: the config change inside the partial "
-        "is not seen (see DIFFERS)"
-    ),
-    "explicit_mesh_set_mesh": "the cell fails while tracing, so every run traces again",
-}
+RETRACES: dict[str, str] = {}
 
 SLOW_ITEMS = tuple(i.name for i in suite.ITEMS if i.name not in suite.SUBSET)
 

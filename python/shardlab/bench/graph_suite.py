@@ -756,7 +756,7 @@ ITEMS: tuple[Item, ...] = (
             ex_l, ex_g = jax.value_and_grad(ex_loss)(ex_w, ex_x, ex_y)
             ex_w = ex_w - 0.2 * ex_g
         print(f"loss {ex_l:.5f}")
-        """, runs=3, group="sharded"),
+        """, runs=3, group="sharded", traces=2),  # two programs: the mesh block, the print
     _item("sharding_constraint", "with_sharding_constraint inside the cell", """
         mesh2 = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
         sc_x = jax.device_put(jnp.linspace(0, 1, 64).reshape(8, 8),

@@ -10,8 +10,10 @@ syntactic; whether a read name holds arrays is decided at run time from the name
 from __future__ import annotations
 
 import ast
+import textwrap
 import types
 from dataclasses import dataclass, field
+from typing import Any
 
 RESULT_NAME = "__shardlab_result__"
 FORMAT_NAME = "__shardlab_format__"
@@ -258,33 +260,147 @@ class _PrintFormatter(ast.NodeTransformer):
         return ast.copy_location(call, arg)
 
 
-_UNCONDITIONAL_BINDERS = (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Import, ast.ImportFrom)
+class _Reads:
+    """Names a cell reads before it surely binds them: the candidate inputs.
+
+    The cell is walked in execution order. A name bound before its first read is the cell's
+    own: by an earlier statement, earlier in the same loop iteration or ``with`` block, in
+    both branches of an ``if``, or as a loop target inside its loop. Binds that may not
+    happen (one branch, a loop body seen from after the loop, a ``try``) do not count, so a
+    later read of such a name is still a read. Lambda arguments and comprehension targets
+    are local to their scope and never inputs.
+    """
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def read(self, name: str, bound: set[str]) -> None:
+        if name not in bound and name not in self.names:
+            self.names.append(name)
+
+    def expr(self, node: ast.AST | None, bound: set[str]) -> None:
+        if node is None:
+            return
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load):
+                self.read(node.id, bound)
+            return
+        if isinstance(node, ast.Lambda):
+            for default in (*node.args.defaults, *node.args.kw_defaults):
+                self.expr(default, bound)
+            self.expr(node.body, bound | _argument_names(node.args))
+            return
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            inner = set(bound)
+            for generator in node.generators:
+                self.expr(generator.iter, inner)
+                inner |= set(_target_names(generator.target))
+                for condition in generator.ifs:
+                    self.expr(condition, inner)
+            parts = (node.key, node.value) if isinstance(node, ast.DictComp) else (node.elt,)
+            for part in parts:
+                self.expr(part, inner)
+            return
+        if isinstance(node, ast.NamedExpr):
+            self.expr(node.value, bound)
+            bound.add(node.target.id)
+            return
+        for child in ast.iter_child_nodes(node):
+            self.expr(child, bound)
+
+    def store(self, target: ast.expr, bound: set[str]) -> None:
+        """Reads in an assignment target (``a[i] = ...`` reads ``a`` and ``i``), then binds."""
+        if isinstance(target, (ast.Attribute, ast.Subscript)):
+            self.expr(target, bound)
+        elif isinstance(target, (ast.Tuple, ast.List, ast.Starred)):
+            for child in ast.iter_child_nodes(target):
+                if isinstance(child, ast.expr):
+                    self.store(child, bound)
+        elif isinstance(target, ast.Name):
+            bound.add(target.id)
+
+    def block(self, body: list[ast.stmt], bound: set[str]) -> set[str]:
+        """Walks ``body`` with ``bound`` (updated in place); returns it."""
+        for statement in body:
+            self.statement(statement, bound)
+        return bound
+
+    def statement(self, node: ast.stmt, bound: set[str]) -> None:
+        if isinstance(node, ast.Assign):
+            self.expr(node.value, bound)
+            for target in node.targets:
+                self.store(target, bound)
+        elif isinstance(node, ast.AnnAssign):
+            self.expr(node.value, bound)
+            if node.value is not None:
+                self.store(node.target, bound)
+        elif isinstance(node, ast.AugAssign):
+            self.expr(node.value, bound)
+            if isinstance(node.target, ast.Name):
+                self.read(node.target.id, bound)
+                bound.add(node.target.id)
+            else:
+                self.expr(node.target, bound)
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            self.expr(node.iter, bound)
+            inner = set(bound)
+            self.store(node.target, inner)
+            self.block(node.body, inner)
+            self.block(node.orelse, set(bound))
+        elif isinstance(node, ast.While):
+            self.expr(node.test, bound)
+            self.block(node.body, set(bound))
+            self.block(node.orelse, set(bound))
+        elif isinstance(node, ast.If):
+            self.expr(node.test, bound)
+            both = self.block(node.body, set(bound)) & self.block(node.orelse, set(bound))
+            bound |= both
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                self.expr(item.context_expr, bound)
+                if item.optional_vars is not None:
+                    self.store(item.optional_vars, bound)
+            self.block(node.body, bound)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name != "*":
+                    bound.add((alias.asname or alias.name).split(".")[0])
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for child in node.decorator_list:
+                self.expr(child, bound)
+            bound.add(node.name)
+        elif isinstance(node, ast.Delete):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    bound.discard(target.id)
+                else:
+                    self.expr(target, bound)
+        elif type(node).__name__ in ("Try", "TryStar"):
+            attempt: Any = node
+            self.block(attempt.body, set(bound))
+            for handler in attempt.handlers:
+                self.expr(handler.type, bound)
+                self.block(handler.body, set(bound) | ({handler.name} - {None}))
+            self.block(attempt.orelse, set(bound))
+            self.block(attempt.finalbody, bound)
+        else:  # expressions, return, raise, assert, match, ...: read everything inside
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.stmt):
+                    self.statement(child, set(bound))
+                else:
+                    self.expr(child, bound)
+
+
+def _argument_names(args: ast.arguments) -> set[str]:
+    every = (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg)
+    return {a.arg for a in every if a is not None}
 
 
 def _free_reads(body: list[ast.stmt]) -> list[str]:
-    """Names read before the cell surely binds them: the candidate inputs.
-
-    A name bound by an unconditional top-level statement (``y = ...``, an import) before its
-    first read is the cell's own, not an input. Binds inside ``if``/``for``/``with`` are not
-    sure, so a later read of such a name still counts as a read.
-    """
-    reads: list[str] = []
-    bound: set[str] = set()
-    for statement in body:
-        for node in ast.walk(statement):
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-                name = node.id
-            elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
-                name = node.target.id
-            else:
-                continue
-            if name not in bound and name not in reads:
-                reads.append(name)
-        if isinstance(statement, _UNCONDITIONAL_BINDERS):
-            binder = _Binder()
-            binder.visit(statement)
-            bound.update(binder.binds)
-    return reads
+    """Names read before the cell surely binds them: the candidate inputs (``_Reads``)."""
+    reads = _Reads()
+    reads.block(body, set())
+    return reads.names
 
 
 def analyse_cell(source: str, *, filename: str, line_offset: int = 0) -> CellSource:
@@ -342,6 +458,11 @@ class Segment:
     staged: bool
     source: str
     first_line: int  # 1-based, in the cell body
+    # A ``with jax.set_mesh(mesh):`` block: entered in Python around its body's segments
+    # (a mesh context cannot be entered inside a staged program).
+    context: str | None = None  # the ``with`` statement's items, as source
+    targets: tuple[str | None, ...] = ()  # the ``as`` name of each item
+    body: tuple[Segment, ...] = ()
 
 
 def _is_shell_call(node: ast.AST) -> bool:
@@ -377,9 +498,13 @@ def split_shell_lines(source: str) -> list[Segment]:
     """
     tree = ast.parse(source)
     lines = source.splitlines(True)
-    kinds: list[tuple[bool, int, int]] = []  # (staged, first line, last line)
+    kinds: list[tuple[bool | Segment, int, int]] = []  # (staged, first line, last line)
     for statement in tree.body:
         calls = [n for n in ast.walk(statement) if _is_shell_call(n)]
+        if _is_mesh_context(statement):
+            assert isinstance(statement, ast.With)
+            kinds.append((_context_segment(statement, lines), statement.lineno, 0))
+            continue
         if not calls:
             staged = True
         elif isinstance(statement, (ast.Expr, ast.Assign, ast.AnnAssign)):
@@ -387,14 +512,48 @@ def split_shell_lines(source: str) -> list[Segment]:
         else:
             raise ShellLineInBlock(getattr(calls[0], "lineno", statement.lineno))
         end = statement.end_lineno or statement.lineno
-        if kinds and kinds[-1][0] == staged:
+        if kinds and kinds[-1][0] is staged:
             kinds[-1] = (staged, kinds[-1][1], end)
         else:
             kinds.append((staged, statement.lineno, end))
-    if all(staged for staged, _, _ in kinds):
+    if all(staged is True for staged, _, _ in kinds):
         return [Segment(True, source, 1)]
     segments = []
     for staged, first, last in kinds:
+        if isinstance(staged, Segment):
+            segments.append(staged)
+            continue
         text = "\n" * (first - 1) + "".join(lines[first - 1 : last])
         segments.append(Segment(staged, text, first))
     return segments
+
+
+_MESH_CONTEXTS = frozenset({"set_mesh", "use_mesh", "use_abstract_mesh", "sharding_context"})
+
+
+def _is_mesh_context(statement: ast.stmt) -> bool:
+    """``with jax.set_mesh(mesh):`` (or ``use_mesh``): every item enters a mesh."""
+    if not isinstance(statement, ast.With):
+        return False
+    for item in statement.items:
+        call = item.context_expr
+        if not isinstance(call, ast.Call):
+            return False
+        func = call.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name not in _MESH_CONTEXTS:
+            return False
+    return True
+
+
+def _context_segment(statement: ast.With, lines: list[str]) -> Segment:
+    header = ", ".join(ast.unparse(item.context_expr) for item in statement.items)
+    targets = tuple(
+        item.optional_vars.id if isinstance(item.optional_vars, ast.Name) else None
+        for item in statement.items
+    )
+    first = statement.body[0].lineno
+    last = statement.end_lineno or first
+    block = textwrap.dedent("".join(lines[first - 1 : last]))
+    body = tuple(split_shell_lines("\n" * (first - 1) + block))
+    return Segment(False, "", statement.lineno, context=header, targets=targets, body=body)

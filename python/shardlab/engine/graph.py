@@ -72,13 +72,14 @@ class _Parts:
     treedef: Any
     array_positions: tuple[int, ...]
     static_leaves: tuple[Any, ...]  # None where an array goes
+    order: Any = None  # the dicts' key order, where it is not the sorted one (_order_of)
 
     def rebuild(self, arrays: Sequence[Any]) -> Any:
         """The pytree again, with ``arrays`` (one per array position, in order) put back."""
         leaves = list(self.static_leaves)
         for position, array in zip(self.array_positions, arrays, strict=True):
             leaves[position] = array
-        return jax.tree_util.tree_unflatten(self.treedef, leaves)
+        return _apply_order(jax.tree_util.tree_unflatten(self.treedef, leaves), self.order)
 
 
 def _split(tree: Any, is_array: Callable[[object], bool]) -> tuple[_Parts, list[Any]]:
@@ -87,7 +88,39 @@ def _split(tree: Any, is_array: Callable[[object], bool]) -> tuple[_Parts, list[
     positions = tuple(i for i, leaf in enumerate(leaves) if is_array(leaf))
     arrays_at = set(positions)  # a big pytree is split on every run: no tuple scans
     static_leaves = tuple(None if i in arrays_at else leaf for i, leaf in enumerate(leaves))
-    return _Parts(treedef, positions, static_leaves), [leaves[i] for i in positions]
+    parts = _Parts(treedef, positions, static_leaves, _order_of(tree))
+    return parts, [leaves[i] for i in positions]
+
+
+def _order_of(tree: Any) -> Any:
+    """The key order of the plain dicts in ``tree`` (a skeleton through dicts, lists and
+    tuples), or None where every dict's keys are sorted: JAX rebuilds dicts with sorted
+    keys, and a cell that iterates over a dict must see the order the user wrote."""
+    kind = type(tree)
+    if kind is dict:
+        children = tuple(_order_of(v) for v in tree.values())
+        keys = tuple(tree)
+        try:
+            ordered = keys == tuple(sorted(keys))
+        except TypeError:
+            ordered = False
+        if ordered and all(c is None for c in children):
+            return None
+        return ("dict", keys, children)
+    if kind is list or kind is tuple:
+        children = tuple(_order_of(v) for v in tree)
+        return None if all(c is None for c in children) else ("seq", children)
+    return None
+
+
+def _apply_order(value: Any, order: Any) -> Any:
+    if order is None:
+        return value
+    if order[0] == "dict" and type(value) is dict and len(value) == len(order[1]):
+        return {k: _apply_order(value[k], c) for k, c in zip(order[1], order[2], strict=True)}
+    if order[0] == "seq" and type(value) in (list, tuple) and len(value) == len(order[1]):
+        return type(value)(_apply_order(v, c) for v, c in zip(value, order[1], strict=True))
+    return value
 
 
 @dataclass(frozen=True)
@@ -106,8 +139,8 @@ class DeferredFormat:
         self.named = named
 
     def render(self) -> str:
-        def concrete(v: object) -> object:
-            return v[()] if isinstance(v, np.ndarray) and v.ndim == 0 else v
+        def concrete(v: object) -> object:  # a 0-d NumPy array from a runtime callback
+            return v[()] if type(v) is np.ndarray and v.ndim == 0 else v
 
         return self.template.format(
             *map(concrete, self.values), **{k: concrete(v) for k, v in self.named.items()}
@@ -441,7 +474,7 @@ def _refuse_traced_leftovers(
 
 def _emit(record: _Print, values: list[Any]) -> None:
     """Prints ``record`` with ``values``, this run's values of its array arguments."""
-    args = record.args.rebuild([np.asarray(value) for value in values])
+    args = record.args.rebuild(values)  # JAX arrays print as they do outside a graph cell
     rendered = [a.render() if isinstance(a, DeferredFormat) else a for a in args]
     builtins.print(*rendered, **record.kwargs)
 

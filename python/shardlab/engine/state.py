@@ -20,6 +20,7 @@ untracked (by identity), and the caller says so to the user.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sysconfig
 import types
 from collections.abc import Iterator
@@ -138,6 +139,14 @@ def _key(value: object, path: str, depth: int, budget: _Budget, seen: set[int]) 
         return ("dict", id(type(value)), items)
     if isinstance(value, (set, frozenset)):
         return (type(value).__name__, frozenset(_key(v, path, deeper, budget, seen) for v in value))
+    if isinstance(value, functools.partial):
+        return (
+            "partial",
+            id(value),
+            _key(value.func, f"{path}.func", deeper, budget, seen),
+            _key(value.args, f"{path}.args", deeper, budget, seen),
+            _key(value.keywords, f"{path}.keywords", deeper, budget, seen),
+        )
     if isinstance(value, types.MethodType):
         return ("method", _key(value.__self__, path, deeper, budget, seen), id(value.__func__))
     if isinstance(value, types.FunctionType):
@@ -186,6 +195,9 @@ def _children(value: object, path: str) -> Iterator[tuple[Any, str]]:
         yield from ((v, f"{path}[{k!r}]") for k, v in value.items())
     elif isinstance(value, (set, frozenset)):
         yield from ((v, path) for v in value)
+    elif isinstance(value, functools.partial):
+        yield from ((v, f"{path}.args[{i}]") for i, v in enumerate(value.args))
+        yield from ((v, f"{path}.keywords[{k!r}]") for k, v in value.keywords.items())
     elif isinstance(value, types.FunctionType):
         yield from ((v, f"{path}.{n}") for n, v in _function_parts(value) if n.startswith("<"))
         for name, cell in zip(value.__code__.co_freevars, value.__closure__ or (), strict=False):

@@ -7,21 +7,24 @@ Each :class:`ShardlabMagics` is given the session it acts on (``register.py`` wi
 from __future__ import annotations
 
 import ast
+import contextlib
 import linecache
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from ..engine import memory
+from ..engine.cellsource import Segment, ShellLineInBlock, split_shell_lines
 from ..engine.devices import (
     DeviceSpecError,
     check_cpu_device_count,
     parse_devices,
     switch_cpu_devices,
 )
-from ..engine.errors import GraphStagingError
+from ..engine.errors import CellSyntaxError, GraphStagingError
 from ..engine.graph import run_graph_cell
 from ..engine.modes import ModeError, mode_context, parse_mode
 from .release import release_shell
@@ -30,6 +33,8 @@ if TYPE_CHECKING:
     from .session import ShardlabSession
 
 _OFFSET_FLAG = "--shardlab-line-offset="
+# Cell magics whose body is Python they run: in a graph cell, the body is staged inside them.
+_PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture", "prun"})
 
 
 @magics_class
@@ -85,6 +90,18 @@ class ShardlabMagics(Magics):
                 return eval(compile(last, filename, "eval"), shell.user_ns)
         return None
 
+    @cell_magic("mode")
+    def mode_cell(self, line: str, cell: str) -> Any:
+        """Run the cell in a mode: ``%%mode eager|jit|graph`` (as ``%%eager`` and so on)."""
+        __tracebackhide__ = True
+        try:
+            mode = parse_mode(line.strip(), origin="%%mode")
+        except ModeError as error:
+            raise UsageError(str(error)) from None
+        if mode == "graph":
+            return self._graph(f"{_OFFSET_FLAG}1", cell)
+        return self._run_in_mode(mode, cell)
+
     @cell_magic
     def eager(self, line: str, cell: str) -> Any:
         """Run the cell op by op (``jax.disable_jit()``): print and breakpoints see values."""
@@ -102,16 +119,71 @@ class ShardlabMagics(Magics):
         """Stage the whole cell as one compiled program, cached by input shapes.
 
         Names the cell reads that hold arrays become inputs; names it binds are written
-        back after the program ran. ``print`` prints at run time, every run.
+        back after the program ran. ``print`` and ``jax.debug.print`` print at run time,
+        every run, in program order. Magic, shell (``!cmd``) and help (``x?``) lines run as
+        Python around the staged statements, in order, every run; a cell magic on the first
+        line (``%%time``) wraps the staged cell.
         """
         __tracebackhide__ = True
-        shell = self.shell
-        assert shell is not None
+        return self._graph(line, cell)
+
+    def _graph(self, line: str, cell: str) -> Any:
+        __tracebackhide__ = True
         offset = 1
         for token in line.split():
             if token.startswith(_OFFSET_FLAG):
                 offset = int(token[len(_OFFSET_FLAG) :])
+        wrapped = self._cell_magic_around(cell, offset)
+        if wrapped is not None:
+            return wrapped()
+        cell_text = ("%%graph\n" if offset else "") + cell
         code, filename = self._prepared(cell, offset)
+        try:
+            segments = split_shell_lines(code)
+        except SyntaxError as error:
+            raise CellSyntaxError.at(
+                error, filename=self._label(filename), line_offset=offset
+            ) from None
+        except ShellLineInBlock as error:
+            raise GraphStagingError(
+                lineno=error.lineno + offset,
+                line=code.splitlines()[error.lineno - 1].strip(),
+                reason=(
+                    "a magic, shell or help line sits inside a block; a graph cell runs such "
+                    "lines as Python around the staged program, which needs them at the top "
+                    "level of the cell."
+                ),
+                fix="move the line out of the block (or into its own cell), or run the cell "
+                "with %%jit.",
+            ).with_traceback(None) from None
+        return self._run_segments(segments, filename, offset, cell_text)
+
+    def _run_segments(
+        self, segments: Sequence[Segment], filename: str, offset: int, cell_text: str
+    ) -> Any:
+        __tracebackhide__ = True
+        shell = self.shell
+        assert shell is not None
+        result: Any = None
+        for segment in segments:
+            if segment.context is not None:  # ``with jax.set_mesh(mesh):`` around its body
+                with contextlib.ExitStack() as stack:
+                    managers = eval(f"({segment.context},)", shell.user_ns)
+                    for manager, target in zip(managers, segment.targets, strict=True):
+                        value = stack.enter_context(manager)
+                        if target is not None:
+                            shell.user_ns[target] = value
+                    result = self._run_segments(segment.body, filename, offset, cell_text)
+            elif segment.staged:
+                result = self._run_staged(segment.source, filename, offset, cell_text)
+            else:
+                result = self._run_python(segment.source, filename, offset)
+        return result
+
+    def _run_staged(self, code: str, filename: str, offset: int, cell_text: str) -> Any:
+        __tracebackhide__ = True
+        shell = self.shell
+        assert shell is not None
         try:
             run = run_graph_cell(
                 code,
@@ -119,11 +191,57 @@ class ShardlabMagics(Magics):
                 cache=self.session.graph_cache,
                 filename=filename,
                 line_offset=offset,
-                cell_text=("%%graph\n" if offset else "") + cell,
+                cell_text=cell_text,
             )
         except GraphStagingError as error:
             raise error.with_traceback(None) from None
+        except SyntaxError as error:
+            raise CellSyntaxError.at(
+                error, filename=self._label(filename), line_offset=offset
+            ) from None
+        for note in run.notes:
+            print(f"[shardlab] {note}")
         return run.result if run.has_result else None
+
+    def _label(self, filename: str) -> str:
+        """``In [8]`` for a cell's traceback filename, as IPython shows it."""
+        shell = self.shell
+        assert shell is not None
+        named = shell.compile.format_code_name(filename)
+        return f"{named[1].replace('[', ' [')}" if named else filename
+
+    def _run_python(self, code: str, filename: str, offset: int) -> Any:
+        """Runs magic, shell and help lines of a graph cell as the cell's Python."""
+        __tracebackhide__ = True
+        shell = self.shell
+        assert shell is not None
+        tree = ast.parse("\n" * offset + code, filename=filename)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
+        exec(compile(tree, filename, "exec"), shell.user_ns)
+        if last is not None:
+            return eval(compile(last, filename, "eval"), shell.user_ns)
+        return None
+
+    def _cell_magic_around(self, cell: str, offset: int) -> Any:
+        """A cell magic on the first line of a graph cell (``%%time``): a callable that runs
+        it, with the rest staged when the magic runs Python (time, timeit, capture, prun),
+        or as that magic alone when it runs something else (``%%bash``, ``%%html``)."""
+        shell = self.shell
+        assert shell is not None
+        stripped = cell.lstrip("\n")
+        if not stripped.startswith("%%"):
+            return None
+        blank = len(cell) - len(stripped)
+        first, _, rest = stripped.partition("\n")
+        name, _, args = first[2:].partition(" ")
+        if name in ("graph", "mode"):
+            return None
+        if name in _PYTHON_CELL_MAGICS:
+            inner = f"%%graph {_OFFSET_FLAG}{offset + blank + 1}\n{rest}"
+            return lambda: shell.run_cell_magic(name, args, inner)
+        return lambda: shell.run_cell_magic(name, args, rest)
 
     def _prepared(self, cell: str, offset: int) -> tuple[str, str]:
         """The cell's Python source and its traceback filename, cached: re-runs of a graph

@@ -183,6 +183,8 @@ class ShardlabSession(LoggingConfigurable):
                 return [head, *body.splitlines(True)]
             return [_GRAPH_MAGIC, *body.splitlines(True)]
         if magic is not None:  # %%eager / %%jit: a blank line keeps line numbers
+            if body.lstrip("\n").startswith("%%"):  # ... unless a cell magic comes next
+                return body.lstrip("\n").splitlines(True)
             blank_lines = len(code) - len(code.lstrip("\n"))
             return ["\n"] * (blank_lines + 1) + body.splitlines(True)
         return lines
