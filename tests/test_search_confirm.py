@@ -183,3 +183,29 @@ def test_an_interrupt_while_confirming_returns_the_predicted_choice():
     assert plan.complete
     assert any("interrupted while compiling to confirm" in n for n in plan.notes)
     assert not any(n.startswith("compiled (") for n in plan.notes)
+
+
+def test_confirm_on_request_and_in_the_background_match_confirming_in_search(monkeypatch):
+    from shardlab.parallel.search import driver
+
+    case = examples.mlp(64, 256, train=True)
+    mesh = shardlab.mesh(data=2, model=4)
+    confirmed = search(case.fn, *case.args, mesh=mesh, device=PROFILE, confirm=True)
+    # a graph over the compile limit is not confirmed, and its notes say how to
+    monkeypatch.setattr(driver, "VERIFY_MAX_EQUATIONS", 10)
+    quick = search(case.fn, *case.args, mesh=mesh, device=PROFILE)
+    assert any("shardlab.confirm(plan)" in n for n in quick.notes), quick.notes
+    assert not any("beats every baseline" in n for n in quick.notes)
+    assert not any(n.startswith("compiled (") for n in quick.notes)
+    later = shardlab.confirm(quick)
+    background = search(case.fn, *case.args, mesh=mesh, device=PROFILE, confirm="background")
+    assert any("plan.confirmed()" in n for n in background.notes)
+    waited = background.confirmed(timeout=300)
+    for plan in (later, waited):
+        assert C.plan_key(plan) == C.plan_key(confirmed), (plan.method, confirmed.method)
+        assert any(n.startswith("compiled (cpu-sim): ") for n in plan.notes)
+    with pytest.raises(shardlab.SearchError, match="shardlab.confirm"):
+        quick.confirmed()
+    with pytest.raises(shardlab.SearchError, match="'background'"):
+        search(case.fn, *case.args, mesh=mesh, confirm="later")
+    assert "confirmation" not in Plan.from_json(waited.to_json()).to_dict()

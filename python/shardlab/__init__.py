@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from .parallel.errors import SearchError
     from .parallel.plan.plan import Plan
     from .parallel.records import PlanRow
+    from .parallel.search.driver import confirm_plan as confirm
     from .parallel.search.driver import search
     from .widgets import commgraph, editor, memory, show, timeline, watch
 
@@ -67,6 +68,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Plan": (".parallel.plan.plan", "Plan"),
     "PlanRow": (".parallel.records", "PlanRow"),
     "search": (".parallel.search.driver", "search"),
+    "confirm": (".parallel.search.driver", "confirm_plan"),
     **{n: (".widgets", n) for n in ("commgraph", "editor", "memory", "show", "timeline", "watch")},
 }
 
@@ -113,6 +115,7 @@ __all__ = [
     "__version__",
     "analyze",
     "commgraph",
+    "confirm",
     "editor",
     "examples",
     "load_ipython_extension",

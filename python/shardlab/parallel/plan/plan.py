@@ -76,6 +76,9 @@ class Plan(_Record):
     notes: tuple[str, ...] = ()
     memory_budget: int | None = None
     binding: Binding | None = dataclasses.field(default=None, repr=False, compare=False)
+    # ``search(..., confirm="background")``: the confirmed plan, being compiled
+    # (a ``concurrent.futures.Future``); ``confirmed()`` waits for it.
+    confirmation: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
     def of_binding(
@@ -308,10 +311,28 @@ class Plan(_Record):
                 )
         return "\n".join(lines) + "\n"
 
+    def confirmed(self, timeout: float | None = None) -> Plan:
+        """The plan confirmed on compiled programs, from ``search(..., confirm="background")``:
+        waits (up to ``timeout`` seconds) for the compiles; the search's plan or a baseline
+        that compiles faster, with the compiled comparison in its notes.
+
+        Raises:
+            SearchError: no confirmation is running for this plan (use
+                ``shardlab.confirm(plan)``).
+            TimeoutError: ``timeout`` passed first.
+        """
+        if self.confirmation is None:
+            raise SearchError(
+                "this plan is not being confirmed: shardlab.confirm(plan) compiles it and the "
+                'baselines now, or search(..., confirm="background") does so in the background'
+            )
+        return self.confirmation.result(timeout=timeout)
+
     # -- records -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
         out.pop("binding", None)
+        out.pop("confirmation", None)
         out["format"] = FORMAT
         out["cost"] = self.cost.to_dict()
         return out

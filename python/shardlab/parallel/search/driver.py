@@ -10,6 +10,7 @@ may be checked by compiling.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import gc
@@ -76,7 +77,7 @@ def search(
     progress: Callable[[float, str], None] | None = None,
     time_limit: float = 30.0,
     verify_budget: bool | None = None,
-    confirm: bool | None = None,
+    confirm: bool | str | None = None,
 ) -> Plan:
     """Search a sharding strategy for ``fn(*args)`` on ``mesh``.
 
@@ -119,8 +120,11 @@ def search(
             likely to be wrong in a way that matters) and data parallel (the reference any
             comparison makes), each layout once: about a second per compile on a small
             graph. The notes give the predicted and the compiled figures. ``None``: only for
-            graphs of at most ``VERIFY_MAX_EQUATIONS`` equations; ``False``: the predicted
-            ranking alone decides (no compile).
+            graphs of at most ``VERIFY_MAX_EQUATIONS`` equations (larger ones say in their
+            notes how to confirm); ``False``: the predicted ranking alone decides (no
+            compile); ``"background"``: return the predicted ranking's choice at once and
+            compile in a background thread — ``plan.confirmed()`` waits for the confirmed
+            plan. ``shardlab.confirm(plan)`` confirms a plan later, on request.
 
     Raises:
         SearchError: the function does not trace, an unknown method, unknown or
@@ -153,8 +157,18 @@ def search(
     problem = _Problem(traced, mesh, profile)
     if verify_budget is None:
         verify_budget = len(graph.nodes) <= VERIFY_MAX_EQUATIONS
+    if confirm not in (None, True, False, "background"):
+        raise SearchError(f"confirm={confirm!r}: use True, False, None or 'background'")
+    unconfirmed_note = None
     if confirm is None:
         confirm = len(graph.nodes) <= VERIFY_MAX_EQUATIONS
+        if not confirm:
+            unconfirmed_note = (
+                f"not confirmed by compiling ({len(graph.nodes):,} equations, more than "
+                f"{VERIFY_MAX_EQUATIONS:,}: each compile takes long): shardlab.confirm(plan) "
+                'compiles it and the baselines on request, search(..., confirm="background") '
+                "while you work"
+            )
     target = None if memory_budget is None else float(memory_budget)
     budget_bytes = float("inf") if memory_budget is None else float(memory_budget)
     for attempt in range(3 if verify_budget else 1):
@@ -195,10 +209,14 @@ def search(
             start=start,
         )
         if method == "auto" and complete and not annotations:
-            if confirm:
+            if confirm == "background":
+                plan = _in_background(plan, problem, memory_budget, target)
+            elif confirm:
                 plan = _confirmed(plan, problem, memory_budget, target, report)
             else:
                 plan = _portfolio(plan, problem, target)
+                if unconfirmed_note is not None:
+                    plan = dataclasses.replace(plan, notes=(*plan.notes, unconfirmed_note))
         if memory_budget is None or not verify_budget or not complete:
             break
         report(0.97, "compiling to check the memory budget")
@@ -305,6 +323,54 @@ def _confirmed(
     return chosen
 
 
+_BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="confirm")
+
+
+def _in_background(
+    plan: Plan, problem: _Problem, memory_budget: float | None, target: float | None
+) -> Plan:
+    """The predicted ranking's choice now, the compiled one later (``plan.confirmed()``)."""
+    future = _BACKGROUND.submit(
+        _confirmed, plan, problem, memory_budget, target, lambda fraction, message: None
+    )
+    chosen = _portfolio(plan, problem, target)
+    note = "confirming by compiling in the background: plan.confirmed() returns the result"
+    return dataclasses.replace(chosen, notes=(*chosen.notes, note), confirmation=future)
+
+
+def confirm_plan(
+    plan: Plan,
+    *,
+    device: str | DeviceProfile | None = None,
+    memory_budget: float | None = None,
+    background: bool = False,
+) -> Plan | concurrent.futures.Future[Plan]:
+    """Confirm ``plan`` on compiled programs, on request (``shardlab.confirm``).
+
+    Compiles the plan, the three baselines the cost model predicts cheapest and data
+    parallel, and returns the one with the lowest compiled objective, as
+    ``search(..., confirm=True)`` does (see ``confirm.py``); its notes give the predicted
+    and compiled figures. ``device`` defaults to the profile the plan was costed with,
+    ``memory_budget`` to the plan's own. With ``background=True`` the compiles run in a
+    background thread and a ``concurrent.futures.Future`` of the plan is returned.
+
+    Raises:
+        SearchError: the plan is not bound to a function (``plan.bind(fn, *args, mesh=m)``).
+    """
+    binding = plan.binding
+    if binding is None:
+        raise SearchError(
+            "shardlab.confirm(plan) needs a bound plan: plan.bind(fn, *args, mesh=mesh) first"
+        )
+    problem = _Problem(binding.traced, binding.mesh, resolve_profile(device or plan.cost.device))
+    budget = plan.memory_budget if memory_budget is None else memory_budget
+    target = None if budget is None else float(budget)
+    args = (plan, problem, budget, target, lambda fraction, message: None)
+    if background:
+        return _BACKGROUND.submit(_confirmed, *args)
+    return _confirmed(*args)
+
+
 def _portfolio(plan: Plan, problem: _Problem, budget: float | None) -> Plan:
     """``auto`` also costs the standard baselines (argument layouts only, the rest
     propagated as the partitioner would) and keeps the cheapest prediction: the search's
@@ -317,10 +383,11 @@ def _portfolio(plan: Plan, problem: _Problem, budget: float | None) -> Plan:
         return plan
     name, best = min(fits.items(), key=lambda item: item[1].cost.time)
     if best.cost.time >= plan.cost.time * (1 - 1e-6):
-        return dataclasses.replace(
-            plan,
-            notes=(*plan.notes, f"auto: the search's plan beats every baseline (best: {name})"),
+        note = (
+            f"auto: the cost model predicts the search's plan faster than every baseline "
+            f"(best: {name}); not confirmed by compiling"
         )
+        return dataclasses.replace(plan, notes=(*plan.notes, note))
     note = (
         f"auto: baseline {name} is predicted faster ({best.cost.time * 1e3:.3f} ms) than the "
         f"{plan.method} plan ({plan.cost.time * 1e3:.3f} ms), so it is returned"
