@@ -1,0 +1,297 @@
+/**
+ * The shardlab side panel: devices and the switch action, per-device memory bars with
+ * Release, the largest arrays by name and sharding, and the last cells' modes. It shows
+ * the status record of one connection (the current notebook's) and re-renders whenever
+ * that connection's record changes.
+ */
+import { Clipboard } from '@jupyterlab/apputils';
+import type { Message } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+
+import type { ShardlabConnection } from './comm';
+import { gpuInstallCommand } from './logic';
+import type { IShardlabStatus } from './logic';
+import {
+  arrayRows,
+  cpuCount,
+  devicesLine,
+  errorMessageOf,
+  historyRows,
+  memoryRows,
+  memorySummary,
+  pinnedLine,
+  releaseLine
+} from './panel-view';
+
+type Child = Node | string | null | undefined | false;
+
+/** `el('div.a.b', {title: 't'}, child, ...)`: an element with classes, attributes and children. */
+function el(tag: string, attrs: Record<string, string> = {}, ...children: Child[]): HTMLElement {
+  const [name, ...classes] = tag.split('.');
+  const node = document.createElement(name);
+  if (classes.length) {
+    node.className = classes.join(' ');
+  }
+  for (const [key, value] of Object.entries(attrs)) {
+    node.setAttribute(key, value);
+  }
+  for (const child of children) {
+    if (child !== null && child !== undefined && child !== false) {
+      node.append(child);
+    }
+  }
+  return node;
+}
+
+export class ShardlabPanel extends Widget {
+  constructor() {
+    super();
+    this.addClass('shardlab-Panel');
+    this.node.tabIndex = -1;
+    this.render();
+  }
+
+  /** Shows `connection` (the current notebook's), or nothing. */
+  setSource(connection: ShardlabConnection | null, label: string): void {
+    if (connection === this._connection && label === this._label) {
+      return;
+    }
+    this._connection?.statusChanged.disconnect(this._onStatus, this);
+    this._connection = connection;
+    this._label = label;
+    this._message = null;
+    this._cpuText = null;
+    this._connection?.statusChanged.connect(this._onStatus, this);
+    this.render();
+    this._refresh();
+  }
+
+  dispose(): void {
+    this._connection?.statusChanged.disconnect(this._onStatus, this);
+    this._connection = null;
+    super.dispose();
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    this._refresh();
+  }
+
+  private _onStatus(): void {
+    this.render();
+  }
+
+  /** Asks the kernel for a fresh record when the panel is visible and connected. */
+  private _refresh(): void {
+    const connection = this._connection;
+    if (connection?.isShardlab && this.isVisible) {
+      connection.refresh().catch(() => undefined); // the kernel pushes the record anyway
+    }
+  }
+
+  render(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    const status = this._connection?.status ?? null;
+    const body: Child[] = [el('div.shardlab-Panel-title', {}, 'shardlab', el('span.shardlab-Panel-source', {}, this._label))];
+    if (this._connection === null) {
+      body.push(el('p.shardlab-Panel-empty', {}, 'Open a notebook on the shardlab kernel to see its devices and memory.'));
+    } else if (!this._connection.isShardlab) {
+      body.push(el('p.shardlab-Panel-empty', {}, 'Not a shardlab kernel: nothing to show. Choose the “JAX · shardlab” kernel for this notebook to see its devices, memory and cell modes.'));
+    } else if (status === null) {
+      body.push(el('p.shardlab-Panel-empty', {}, 'Waiting for the kernel’s status…'));
+    } else {
+      body.push(this._devices(status), this._memory(status), this._arrays(status), this._history(status));
+    }
+    this.node.replaceChildren(...body.filter((c): c is Node | string => !!c));
+  }
+
+  private _section(name: string, title: string, ...children: Child[]): HTMLElement {
+    return el(`section.shardlab-Panel-section.shardlab-Panel-${name}`, {}, el('h3', {}, title), ...children);
+  }
+
+  private _devices(status: IShardlabStatus): HTMLElement {
+    const input = el('input.shardlab-Panel-cpuCount', {
+      type: 'number',
+      min: '1',
+      max: '4096',
+      value: this._cpuText ?? String(status.devices.platform === 'cpu' ? status.devices.count : 8),
+      'aria-label': 'Number of CPU devices'
+    }) as HTMLInputElement;
+    input.addEventListener('input', () => {
+      this._cpuText = input.value; // kept when a new status re-renders the panel
+    });
+    const button = el('button.jp-mod-styled.shardlab-Panel-switch', { type: 'button' }, 'Switch') as HTMLButtonElement;
+    const onSwitch = (): void => {
+      const parsed = cpuCount(input.value);
+      if ('error' in parsed) {
+        this._show('switch', parsed.error, true);
+        return;
+      }
+      this._run(button, 'switch', async connection => {
+        const result = await connection.switchDevices(`cpu:${parsed.count}`);
+        return { text: result.text, error: !result.ok };
+      });
+    };
+    button.addEventListener('click', onSwitch);
+    input.addEventListener('keydown', event => {
+      if (event.key === 'Enter') {
+        onSwitch();
+      }
+    });
+    const command = gpuInstallCommand('gpu:0,1');
+    const copy = el('button.jp-mod-styled.shardlab-Panel-copy', { type: 'button', title: 'Copy the command' }, 'Copy');
+    copy.addEventListener('click', () => Clipboard.copyToSystem(command));
+    return this._section(
+      'devices',
+      'Devices',
+      el('div.shardlab-Panel-line.shardlab-Panel-deviceSet', {}, devicesLine(status)),
+      el('div.shardlab-Panel-line.shardlab-Panel-pinned', {}, pinnedLine(status)),
+      el(
+        'div.shardlab-Panel-form',
+        {},
+        el('label', {}, 'CPU devices ', input),
+        button,
+        el('span.shardlab-Panel-hint', {}, 'moves every array, keeps names')
+      ),
+      this._messageNode('switch'),
+      el(
+        'p.shardlab-Panel-hint',
+        {},
+        'GPU sets are fixed when the kernel starts: install a kernel for the set, then pick it (Kernel › Change Kernel):'
+      ),
+      el('div.shardlab-Panel-command', {}, el('code', {}, command), copy)
+    );
+  }
+
+  private _memory(status: IShardlabStatus): HTMLElement {
+    const rows = memoryRows(status.bytes_per_device).map(row =>
+      el(
+        'div.shardlab-Panel-bar',
+        { title: `${row.device}: ${row.bytes.toLocaleString()} bytes` },
+        el('span.shardlab-Panel-device', {}, row.device),
+        el(
+          'span.shardlab-Panel-track',
+          {},
+          el('span.shardlab-Panel-fill', { style: `width: ${(row.fraction * 100).toFixed(1)}%` })
+        ),
+        el('span.shardlab-Panel-bytes', {}, row.text)
+      )
+    );
+    const release = el(
+      'button.jp-mod-styled.jp-mod-accept.shardlab-Panel-release',
+      { type: 'button', title: 'Clear output history, caches and unnamed arrays (%release)' },
+      'Release'
+    ) as HTMLButtonElement;
+    release.addEventListener('click', () =>
+      this._run(release, 'release', async connection => {
+        const result = await connection.release();
+        return { text: `Released: ${releaseLine(result)}\n${result.text}`, error: false };
+      })
+    );
+    return this._section(
+      'memory',
+      'Memory per device',
+      el('div.shardlab-Panel-line.shardlab-Panel-total', {}, memorySummary(status.bytes_per_device)),
+      el('div.shardlab-Panel-bars', {}, ...rows),
+      el('div.shardlab-Panel-form', {}, release),
+      this._messageNode('release')
+    );
+  }
+
+  private _arrays(status: IShardlabStatus): HTMLElement {
+    const rows = arrayRows(status.largest_arrays);
+    if (rows.length === 0) {
+      return this._section('arrays', 'Largest arrays', el('p.shardlab-Panel-hint', {}, 'No named arrays yet.'));
+    }
+    const table = el(
+      'table.shardlab-Panel-table',
+      {},
+      el('thead', {}, el('tr', {}, el('th', {}, 'name'), el('th', {}, 'type'), el('th', {}, 'sharding'), el('th', {}, 'per device'))),
+      el(
+        'tbody',
+        {},
+        ...rows.map(r =>
+          el(
+            'tr',
+            {},
+            el('td.shardlab-Panel-name', { title: r.name }, r.name),
+            el('td', { title: r.type }, r.type),
+            el('td', { title: r.sharding }, r.sharding),
+            el('td.shardlab-Panel-num', {}, r.perDevice)
+          )
+        )
+      )
+    );
+    return this._section('arrays', 'Largest arrays', table);
+  }
+
+  private _history(status: IShardlabStatus): HTMLElement {
+    const rows = historyRows(status.history);
+    const body = rows.length
+      ? el(
+          'table.shardlab-Panel-table.shardlab-Panel-historyTable',
+          {},
+          el(
+            'tbody',
+            {},
+            ...rows.map(r =>
+              el(
+                'tr',
+                {},
+                el('td.shardlab-Panel-num', {}, r.count),
+                el('td', {}, r.mode),
+                el('td.shardlab-Panel-num', {}, r.duration),
+                el('td.shardlab-Panel-hint', {}, r.source)
+              )
+            )
+          )
+        )
+      : el('p.shardlab-Panel-hint', {}, 'No cells have run yet.');
+    return this._section('history', `Recent cells · default ${status.default_mode}`, body);
+  }
+
+  private _messageNode(key: string): HTMLElement | null {
+    const message = this._message;
+    if (!message || message.key !== key) {
+      return null;
+    }
+    return el(
+      `pre.shardlab-Panel-message${message.error ? '.shardlab-mod-error' : ''}`,
+      { 'data-action': key },
+      message.text
+    );
+  }
+
+  private _show(key: string, text: string, error: boolean): void {
+    this._message = { key, text, error };
+    this.render();
+  }
+
+  /** Runs one action on the connection; its result (or error) shows under its button. */
+  private _run(
+    button: HTMLButtonElement,
+    key: string,
+    action: (connection: ShardlabConnection) => Promise<{ text: string; error: boolean }>
+  ): void {
+    const connection = this._connection;
+    if (!connection) {
+      return;
+    }
+    button.disabled = true;
+    action(connection)
+      .then(
+        result => this._show(key, result.text, result.error),
+        (error: unknown) => this._show(key, errorMessageOf(error), true)
+      )
+      .finally(() => {
+        button.disabled = false;
+      });
+  }
+
+  private _connection: ShardlabConnection | null = null;
+  private _label = '';
+  private _cpuText: string | null = null;
+  private _message: { key: string; text: string; error: boolean } | null = null;
+}
