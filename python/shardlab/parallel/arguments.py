@@ -233,6 +233,8 @@ def bind(fn: Callable[..., Any], parts: Split) -> Callable[..., Any]:
         assert f is not None, "the function was collected while being traced"
         return drop_static(f(*parts.combine(dynamic)))
 
+    # the user's name in jaxpr and HLO op names (``jit(layer)/dot_general``), not "bound"
+    bound.__name__ = bound.__qualname__ = getattr(fn, "__name__", "fn")
     if per is not None:
         per[key] = bound
     return bound

@@ -7,6 +7,8 @@ CDN, so it renders in JupyterLab, in VS Code (offline too) and in a saved notebo
 from __future__ import annotations
 
 import html
+import os
+import sys
 from typing import Any
 
 # Colour-blind-friendly palette (Okabe-Ito, then Tableau 10) for device groups / kinds.
@@ -69,6 +71,36 @@ def fmt_time(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.2f} ms"
     return f"{seconds * 1e6:.1f} µs"
+
+
+def _cell_number(path: str) -> int | None:
+    """The execution count of the notebook cell IPython compiled to ``path`` (ipykernel names
+    cells ``/tmp/ipykernel_<pid>/<hash>.py``), or None."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    filenames = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    number = filenames.get(path) if isinstance(filenames, dict) else None
+    return number if isinstance(number, int) else None
+
+
+def source_label(source: str) -> str:
+    """A ``file:line`` as a person reads it: ``In [8] line 2`` for a notebook cell, the path
+    from its import root for a module (``shardlab/examples/transformer.py:113``), else as is."""
+    if not source:
+        return "?"
+    path, sep, line = source.rpartition(":")
+    if not sep or not line.isdigit():
+        return source
+    cell = _cell_number(path)
+    if cell is not None:
+        return f"In [{cell}] line {line}"
+    roots = [r for r in (*sys.path, os.getcwd()) if r and os.path.isabs(r)]
+    best = ""
+    for root in roots:
+        root = root.rstrip(os.sep) + os.sep
+        if path.startswith(root) and len(root) > len(best):
+            best = root
+    return f"{path[len(best) :]}:{line}" if best else source
 
 
 def panel(view_class: str, body: str, *, title: str = "") -> str:

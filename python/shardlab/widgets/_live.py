@@ -36,6 +36,22 @@ class LiveDisplay:
             update_display(view, display_id=self.display_id)
 
 
+def show_controls(widget: Any, text: str, html: str | None = None) -> None:
+    """Displays stock ipywidgets ``widget`` with a readable fallback in the same bundle.
+
+    A front end with a widget manager renders the widget; one without (GitHub, nbviewer, an
+    export without widget state) shows ``text``/``html`` instead of ipywidgets' repr
+    (``HBox(children=(Button(...``), saying what each control does and its code equivalent.
+    """
+    from IPython.display import display
+
+    bundle = dict(widget._repr_mimebundle_())
+    bundle["text/plain"] = text
+    if html is not None:
+        bundle["text/html"] = html
+    display(bundle, raw=True)
+
+
 def guarded(callback: Any, on_error: Any) -> Any:
     """Wraps a widget callback so that an exception shows inside the view, never in the void."""
 

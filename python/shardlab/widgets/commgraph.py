@@ -17,7 +17,17 @@ from typing import Any
 
 from ..parallel.plan.plan import VIEWERS, Plan
 from ..parallel.records import COLLECTIVE_KINDS, Collective, CostBreakdown, Report
-from ._html import KIND_COLORS, Raw, View, error_html, esc, fmt_bytes, panel, table
+from ._html import (
+    KIND_COLORS,
+    Raw,
+    View,
+    error_html,
+    esc,
+    fmt_bytes,
+    panel,
+    source_label,
+    table,
+)
 
 MAX_STRIP = 600  # collectives drawn one by one; beyond this the strip is summarised
 
@@ -102,7 +112,7 @@ class CommGraphView(View):
             lines.append("by source line (actual):")
             for c, n in _grouped(self.actual.collectives)[:40]:
                 lines.append(
-                    f"  {c.source or '?'}: {c.kind} {c.bytes:,} B over {_axes(c)} ×{n} "
+                    f"  {source_label(c.source)}: {c.kind} {c.bytes:,} B over {_axes(c)} ×{n} "
                     f"[{_scope(c.op_name)}]"
                 )
         lines.extend(self.notes)
@@ -125,7 +135,7 @@ class CommGraphView(View):
             h = max(3, height * math.log1p(c.bytes) / math.log1p(peak))
             title = (
                 f"{c.kind} over {_axes(c)}: {c.bytes:,} B per device ({c.wire_bytes:,.0f} on "
-                f"the wire), group {c.group_size}\nsource: {c.source or '?'}\nop: {c.op_name}"
+                f"the wire), group {c.group_size}\nsource: {source_label(c.source)}\nop: {c.op_name}"
             )
             bars.append(
                 f"<g class='sl-collective' data-kind='{esc(c.kind)}'><title>{esc(title)}</title>"
@@ -181,7 +191,7 @@ class CommGraphView(View):
         if self.actual is not None and self.actual.collectives:
             group_rows = [
                 [
-                    c.source or "?",
+                    source_label(c.source),
                     _scope(c.op_name) or c.op_name.split("/")[-1] or "?",
                     Raw(
                         f"<span style='color:{KIND_COLORS.get(c.kind, '#888')}'>■</span> "

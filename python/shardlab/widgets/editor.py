@@ -21,9 +21,17 @@ from ..parallel.plan.plan import Plan
 from ..parallel.records import COLLECTIVE_KINDS
 from ..parallel.search.driver import search
 from ..parallel.specs import ShardingSpecError, make_spec, spec_entries
-from ._html import KIND_COLORS, View, esc, fmt_bytes, fmt_time, panel, table
-from ._live import LiveDisplay, guarded
+from ._html import KIND_COLORS, Raw, View, esc, fmt_bytes, fmt_time, panel, table
+from ._live import LiveDisplay, guarded, show_controls
 from .editor_model import CompileResult, EditorModel, Evaluation, diff
+
+MAX_STRATEGY_ROWS = 24  # sharded leaves the static form lists one by one
+# What the controls do, as code: the static form (a saved or exported notebook, a front end
+# without a widget manager) says it where the dropdowns and buttons would be.
+ACTIONS = (
+    "dropdowns: .edit(leaf, dim, axes) · Auto: shardlab.search(...) then .apply(plan) · "
+    "Reset: .reset() · Export code: .export()"
+)
 
 
 class EditorView(View):
@@ -39,8 +47,10 @@ class EditorView(View):
         error: str | None,
         code: str | None = None,
         status: str = "",
+        labels: tuple[str, ...] = (),
     ) -> None:
         self.evaluation = evaluation
+        self.labels = labels  # the input leaves' labels, in the order of evaluation.specs
         self.changes = changes
         self.compiled = compiled
         self.compiling = compiling
@@ -63,6 +73,18 @@ class EditorView(View):
             "device"
         )
 
+    def _strategy(self) -> tuple[list[tuple[str, str]], int]:
+        """(label, spec) of the sharded leaves (what their dropdowns show), and how many
+        leaves are replicated."""
+        if self.evaluation is None or not self.labels:
+            return [], 0
+        sharded = []
+        for label, spec in zip(self.labels, self.evaluation.specs, strict=False):
+            entries = tuple(spec)
+            if any(e is not None and e != () for e in entries):
+                sharded.append((label, "P(" + ", ".join(map(repr, entries)) + ")"))
+        return sharded, len(self.evaluation.specs) - len(sharded)
+
     def text(self) -> str:
         lines = []
         if self.error:
@@ -78,6 +100,10 @@ class EditorView(View):
                 if value:
                     lines.append(f"  {kind}: {value:,.0f} B")
             lines.extend("  changed: " + c for c in self.changes)
+            sharded, replicated = self._strategy()
+            if sharded or replicated:
+                lines.append(f"  strategy: {len(sharded)} leaves sharded, {replicated} replicated")
+                lines.extend(f"    {label}: {spec}" for label, spec in sharded[:MAX_STRATEGY_ROWS])
         lines.append(self._compile_line())
         if self.status:
             lines.append(self.status)
@@ -127,11 +153,24 @@ class EditorView(View):
                     + "; ".join(esc(c) for c in self.changes)
                     + "</div>"
                 )
+            sharded, replicated = self._strategy()
+            if sharded or replicated:
+                more = len(sharded) - MAX_STRATEGY_ROWS
+                rows = [[label, Raw(f"<code>{esc(spec)}</code>")] for label, spec in sharded]
+                parts.append(
+                    f"<div class='sl-strategy'><b>strategy</b> ({len(sharded)} leaves sharded,"
+                    f" {replicated} replicated <code>P()</code>)"
+                    + (table(["leaf", "spec"], rows[:MAX_STRATEGY_ROWS], left=2) if rows else "")
+                    + (f"<div class='sl-note'>{more} more sharded leaves</div>" if more > 0 else "")
+                    + "</div>"
+                )
             legend = " ".join(
                 f"<span style='color:{KIND_COLORS[k]}'>■</span>{esc(k)}" for k in COLLECTIVE_KINDS
             )
             parts.append(f"<div class='sl-note'>{legend}</div>")
         parts.append(f"<div class='sl-compile'>{esc(self._compile_line())}</div>")
+        if self.labels:  # the live editor's view: say what its controls do, as code
+            parts.append(f"<div class='sl-actions sl-note'>{esc(ACTIONS)}</div>")
         if self.status:
             parts.append(f"<div class='sl-status'>{esc(self.status)}</div>")
         if self.code:
@@ -421,6 +460,7 @@ class StrategyEditor:
             error=self.error,
             code=self.code,
             status=self.status,
+            labels=tuple(leaf.label for leaf in self.model.leaves),
         )
 
     def _refresh(self) -> None:
@@ -441,9 +481,12 @@ class StrategyEditor:
             widget.close()
 
     def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.controls)
+        show_controls(
+            self.controls,
+            f"[one dropdown per dimension of every input] [Auto] [Stop] [Reset] [Export code]: "
+            f"{ACTIONS}",
+            f"<div class='shardlab sl-actions sl-note'>{esc(ACTIONS)}</div>",
+        )
         self.display.show(self.view())
 
 

@@ -7,9 +7,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._html import Raw, View, error_html, esc, fmt_bytes, panel, table
-from ._live import LiveDisplay, guarded
+from ._live import LiveDisplay, guarded, show_controls
 
 TOP_ARRAYS = 12
+# What the panel's buttons do, as code: the static form (a saved or exported notebook, a front
+# end without a widget manager) says it where the buttons would be.
+ACTIONS = "Release (run %release) · Refresh (run this cell again)"
+ACTIONS_HTML = (
+    "<div class='sl-actions sl-note'>Release (run <code>%release</code>) · "
+    "Refresh (run this cell again)</div>"
+)
 _HISTORY_NAMES = frozenset({"Out", "In"})  # IPython's output and input history
 
 
@@ -98,6 +105,7 @@ class MemoryView(View):
         ]
         if self.note:
             lines.append(self.note)
+        lines.append(ACTIONS)
         return "\n".join(lines)
 
     def html(self) -> str:
@@ -129,7 +137,9 @@ class MemoryView(View):
         note = f"<div class='sl-release-note sl-note'>{esc(self.note)}</div>" if self.note else ""
         return panel(
             "sl-memory",
-            head + f"<div class='sl-bars'>{bars}</div><b>largest arrays</b>{largest}{note}",
+            ACTIONS_HTML
+            + head
+            + f"<div class='sl-bars'>{bars}</div><b>largest arrays</b>{largest}{note}",
             title="memory per device",
         )
 
@@ -170,9 +180,7 @@ class MemoryPanel:
         self.display.update(self.view(note="released: " + report.text().replace("\n", "; ")))
 
     def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.controls)
+        show_controls(self.controls, f"[Release] [Refresh]: {ACTIONS}", ACTIONS_HTML)
         self.display.show(self.view())
 
 

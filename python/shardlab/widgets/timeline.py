@@ -11,7 +11,7 @@ from typing import Any
 
 from ..parallel.cost.schedule import Event, Timeline, measure, schedule
 from ..parallel.plan.plan import Plan
-from ._html import KIND_COLORS, View, esc, fmt_time, panel
+from ._html import KIND_COLORS, View, esc, fmt_time, panel, source_label
 
 WIDTH = 860
 LANE = 18
@@ -51,7 +51,7 @@ def _svg(timeline: Timeline) -> str:
             title = (
                 f"{event.label}: {fmt_time(event.end - event.start)} at {fmt_time(event.start)}"
                 + (f"\nexposed (compute waits): {fmt_time(event.exposed)}" if event.exposed else "")
-                + (f"\nsource: {event.source}" if event.source else "")
+                + (f"\nsource: {source_label(event.source)}" if event.source else "")
             )
             cls = "sl-comm" if event.stream == "communication" else "sl-compute"
             exposed = " sl-exposed" if event.exposed > 0 else ""
@@ -100,7 +100,7 @@ class TimelineView(View):
             for e in exposed[:10]:
                 lines.append(
                     f"  exposed {e.kind} {fmt_time(e.exposed)} at {fmt_time(e.start)} "
-                    f"({e.source or '?'})"
+                    f"({source_label(e.source)})"
                 )
         lines.extend(self.notes)
         return "\n".join(lines)
