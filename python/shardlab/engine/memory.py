@@ -135,6 +135,40 @@ def live_bytes_per_device() -> dict[str, int]:
     return totals
 
 
+_HISTORY_NAMES = frozenset({"Out", "In"})  # IPython's output and input history
+
+
+def array_names(
+    namespace: Mapping[str, Any] | None, *, max_leaves: int = 100_000
+) -> dict[int, str]:
+    """``{id(array): name}`` for the JAX arrays that the namespace's names hold.
+
+    A name is the namespace path (``params['w']``); names starting with ``_`` are skipped,
+    and the user's names come before ``Out``/``In`` (an array the output history also holds
+    is named by the user's name). A typed PRNG key's base array gets the key's name. The
+    walk stops after ``max_leaves`` pytree leaves.
+    """
+    names: dict[int, str] = {}
+    items = [(n, v) for n, v in (namespace or {}).items() if not n.startswith("_")]
+    items.sort(key=lambda item: item[0] in _HISTORY_NAMES)
+    seen = 0
+    for name, value in items:
+        if seen >= max_leaves:
+            break
+        try:
+            leaves = jax.tree_util.tree_flatten_with_path(value)[0]
+        except Exception:
+            continue
+        seen += len(leaves)
+        for path, leaf in leaves:
+            if isinstance(leaf, jax.Array) and id(leaf) not in names:
+                names[id(leaf)] = name + jax.tree_util.keystr(path)
+                base = getattr(leaf, "_base_array", None)  # a typed PRNG key's data
+                if base is not None:
+                    names.setdefault(id(base), names[id(leaf)])
+    return names
+
+
 def _buffer_pointers(arrays: Iterable[jax.Array]) -> set[int]:
     """Device buffer addresses of ``arrays`` (their shards' for multi-device arrays)."""
     pointers: set[int] = set()

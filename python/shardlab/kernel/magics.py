@@ -302,40 +302,51 @@ class ShardlabMagics(Magics):
         if not arg:
             print(devices_text(shell.user_ns))
             return
-        try:
-            target = parse_devices(arg)
-        except DeviceSpecError as error:
-            raise UsageError(str(error)) from None
-        if target.platform == "gpu":
-            raise UsageError(
-                f"%devices {arg}: GPU visibility is fixed when JAX starts and cannot change "
-                "in a running kernel. Install a kernelspec pinned to it — python -m shardlab "
-                f"install --devices {target.spec} --name shardlab-gpu — then pick that "
-                "kernel (or restart with it)."
-            )
-        assert target.count is not None
-        try:
-            check_cpu_device_count(target.count)
-        except DeviceSpecError as error:
-            raise UsageError(str(error)) from None
-        self.session.graph_cache.clear()
-        # IPython keeps the last outputs beside the namespace too: the values of hidden names
-        # (``push(..., interactive=False)``) and the display hook's ``_``, ``__``, ``___``.
-        hook = getattr(shell, "displayhook", None)
-        unders = {n: getattr(hook, n) for n in ("_", "__", "___") if hasattr(hook, n)}
-        try:
-            report = switch_cpu_devices(
-                target.count,
-                shell.user_ns,
-                hidden=frozenset(shell.user_ns_hidden),
-                also=[shell.user_ns_hidden, unders],
-            )
-        except DeviceSpecError as error:
-            raise UsageError(str(error)) from None
-        for name, value in unders.items():
-            setattr(hook, name, value)
-        print(report.text())
+        print(switch_devices(shell, self.session, arg))
         self.session.status.send()
+
+
+def switch_devices(shell: Any, session: ShardlabSession, arg: str) -> str:
+    """``%devices cpu:N``: switches the CPU device count in-process; returns the report text.
+
+    Raises:
+        UsageError: the spec is malformed, names GPUs (their visibility is fixed when JAX
+            starts: the message gives the kernelspec command), or exceeds the host's bound.
+    """
+    arg = arg.strip()
+    try:
+        target = parse_devices(arg)
+    except DeviceSpecError as error:
+        raise UsageError(str(error)) from None
+    if target.platform == "gpu":
+        raise UsageError(
+            f"%devices {arg}: GPU visibility is fixed when JAX starts and cannot change "
+            "in a running kernel. Install a kernelspec pinned to it — python -m shardlab "
+            f"install --devices {target.spec} --name shardlab-gpu — then pick that "
+            "kernel (or restart with it)."
+        )
+    assert target.count is not None
+    try:
+        check_cpu_device_count(target.count)
+    except DeviceSpecError as error:
+        raise UsageError(str(error)) from None
+    session.graph_cache.clear()
+    # IPython keeps the last outputs beside the namespace too: the values of hidden names
+    # (``push(..., interactive=False)``) and the display hook's ``_``, ``__``, ``___``.
+    hook = getattr(shell, "displayhook", None)
+    unders = {n: getattr(hook, n) for n in ("_", "__", "___") if hasattr(hook, n)}
+    try:
+        report = switch_cpu_devices(
+            target.count,
+            shell.user_ns,
+            hidden=frozenset(shell.user_ns_hidden),
+            also=[shell.user_ns_hidden, unders],
+        )
+    except DeviceSpecError as error:
+        raise UsageError(str(error)) from None
+    for name, value in unders.items():
+        setattr(hook, name, value)
+    return report.text()
 
 
 def _mesh_text(namespace: dict[str, Any]) -> str:

@@ -17,7 +17,6 @@ ACTIONS_HTML = (
     "<div class='sl-actions sl-note'>Release (run <code>%release</code>) · "
     "Refresh (run this cell again)</div>"
 )
-_HISTORY_NAMES = frozenset({"Out", "In"})  # IPython's output and input history
 
 
 @dataclass(frozen=True)
@@ -43,23 +42,16 @@ class MemorySnapshot:
 def snapshot(namespace: dict[str, Any] | None = None) -> MemorySnapshot:
     import jax
 
-    from ..engine.memory import buffers, live_bytes_per_device, process_rss, shard_nbytes
+    from ..engine.memory import (
+        array_names,
+        buffers,
+        live_bytes_per_device,
+        process_rss,
+        shard_nbytes,
+    )
 
-    names: dict[int, str] = {}
     # The user's names first: an array that Out (the output history) also holds is "x".
-    items = [(n, v) for n, v in (namespace or {}).items() if not n.startswith("_")]
-    items.sort(key=lambda item: item[0] in _HISTORY_NAMES)
-    for name, value in items:
-        try:
-            leaves = jax.tree_util.tree_flatten_with_path(value)[0]
-        except Exception:
-            continue
-        for path, leaf in leaves:
-            if isinstance(leaf, jax.Array) and id(leaf) not in names:
-                names[id(leaf)] = name + jax.tree_util.keystr(path)
-                base = getattr(leaf, "_base_array", None)  # a typed PRNG key's data
-                if base is not None:
-                    names.setdefault(id(base), names[id(leaf)])
+    names = array_names(namespace, max_leaves=sys.maxsize)
     entries = []
     _, views = buffers(prefer=names)  # a buffer a name holds is listed under that name
     arrays = [a for a in jax.live_arrays() if id(a) not in views]
