@@ -1,0 +1,3 @@
+import './base.css';
+import './cellmode.css';
+import './panel.css';
