@@ -88,14 +88,20 @@ function createModeSelect(
   return select;
 }
 
+/** "unknown mode 'grpah'" from the kernel's "cell metadata shardlab.mode: unknown mode 'grpah'; valid ...". */
+export function shortError(message: string): string {
+  const first = message.split('\n')[0];
+  const body = first.includes(': ') ? first.slice(first.indexOf(': ') + 2) : first;
+  return body.split(';')[0].trim() || first;
+}
+
 /** What the strip says about the last run, or '' when there is none. */
 export function describeRun(run: ICellRun | undefined): { text: string; title: string; error: boolean } {
   if (!run) {
     return { text: '', title: '', error: false };
   }
   if (run.error) {
-    const first = run.error.split('\n')[0];
-    return { text: `mode error: ${first}`, title: run.error, error: true };
+    return { text: `not run: ${shortError(run.error)}`, title: run.error, error: true };
   }
   if (run.mode === null) {
     return { text: '', title: '', error: false };

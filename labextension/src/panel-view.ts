@@ -33,9 +33,13 @@ export function naturalCompare(a: string, b: string): number {
   return a.localeCompare(b, undefined, { numeric: true, sensitivity: 'base' });
 }
 
-export function memoryRows(bytesPerDevice: Record<string, number>): IMemoryRow[] {
+/**
+ * One row per device, bars relative to `scale` (the panel passes the peak it has seen, so
+ * bars shrink after a release) or to the fullest device when that holds more.
+ */
+export function memoryRows(bytesPerDevice: Record<string, number>, scale = 0): IMemoryRow[] {
   const entries = Object.entries(bytesPerDevice).sort(([a], [b]) => naturalCompare(a, b));
-  const most = entries.reduce((m, [, bytes]) => Math.max(m, bytes), 0);
+  const most = entries.reduce((m, [, bytes]) => Math.max(m, bytes), scale);
   return entries.map(([device, bytes]) => ({
     device,
     bytes,
@@ -55,7 +59,7 @@ export function memorySummary(bytesPerDevice: Record<string, number>): string {
   if (total === 0) {
     return 'no live arrays';
   }
-  return `${formatBytes(total)} in all · fullest device ${formatBytes(most)}`;
+  return `total ${formatBytes(total)} · fullest ${formatBytes(most)}`;
 }
 
 export function arrayRows(arrays: readonly IArrayInfo[], limit = 10): IArrayRow[] {
@@ -103,9 +107,10 @@ export function pinnedLine(status: IShardlabStatus): string {
     : 'not pinned: the kernel sees every device of its platform';
 }
 
-/** "256.0 MiB → 0 B on the fullest device". */
+/** "Released 256.0 MiB: 257.0 MiB → 1.0 MiB". */
 export function releaseLine(result: IReleaseResult): string {
-  return `${formatBytes(result.before)} → ${formatBytes(result.after)}`;
+  const freed = Math.max(result.before - result.after, 0);
+  return `Released ${formatBytes(freed)}: ${formatBytes(result.before)} → ${formatBytes(result.after)}`;
 }
 
 /** The CPU count typed into the switch form, or an error to show next to it. */

@@ -9,7 +9,7 @@ import type { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import type { ShardlabConnection } from './comm';
-import { gpuInstallCommand } from './logic';
+import { formatBytes, gpuInstallCommand } from './logic';
 import type { IShardlabStatus } from './logic';
 import {
   arrayRows,
@@ -61,6 +61,7 @@ export class ShardlabPanel extends Widget {
     this._label = label;
     this._message = null;
     this._cpuText = null;
+    this._peak = 0;
     this._connection?.statusChanged.connect(this._onStatus, this);
     this.render();
     this._refresh();
@@ -78,6 +79,9 @@ export class ShardlabPanel extends Widget {
   }
 
   private _onStatus(): void {
+    if (this._connection?.status === null) {
+      this._peak = 0; // the kernel restarted or went away
+    }
     this.render();
   }
 
@@ -166,7 +170,9 @@ export class ShardlabPanel extends Widget {
   }
 
   private _memory(status: IShardlabStatus): HTMLElement {
-    const rows = memoryRows(status.bytes_per_device).map(row =>
+    const most = Object.values(status.bytes_per_device).reduce((a, b) => Math.max(a, b), 0);
+    this._peak = Math.max(this._peak, most);
+    const rows = memoryRows(status.bytes_per_device, this._peak).map(row =>
       el(
         'div.shardlab-Panel-bar',
         { title: `${row.device}: ${row.bytes.toLocaleString()} bytes` },
@@ -187,13 +193,17 @@ export class ShardlabPanel extends Widget {
     release.addEventListener('click', () =>
       this._run(release, 'release', async connection => {
         const result = await connection.release();
-        return { text: `Released: ${releaseLine(result)}\n${result.text}`, error: false };
+        return { text: releaseLine(result), details: result.text, error: false };
       })
     );
     return this._section(
       'memory',
       'Memory per device',
-      el('div.shardlab-Panel-line.shardlab-Panel-total', {}, memorySummary(status.bytes_per_device)),
+      el(
+        'div.shardlab-Panel-line.shardlab-Panel-total',
+        { title: `bars: share of ${formatBytes(this._peak)}, the most one device held since the panel followed this kernel` },
+        memorySummary(status.bytes_per_device)
+      ),
       el('div.shardlab-Panel-bars', {}, ...rows),
       el('div.shardlab-Panel-form', {}, release),
       this._messageNode('release')
@@ -205,26 +215,24 @@ export class ShardlabPanel extends Widget {
     if (rows.length === 0) {
       return this._section('arrays', 'Largest arrays', el('p.shardlab-Panel-hint', {}, 'No named arrays yet.'));
     }
-    const table = el(
-      'table.shardlab-Panel-table',
+    const list = el(
+      'ul.shardlab-Panel-arrayList',
       {},
-      el('thead', {}, el('tr', {}, el('th', {}, 'name'), el('th', {}, 'type'), el('th', {}, 'sharding'), el('th', {}, 'per device'))),
-      el(
-        'tbody',
-        {},
-        ...rows.map(r =>
+      ...rows.map(r =>
+        el(
+          'li.shardlab-Panel-array',
+          { title: `${r.name}: ${r.type}, ${r.sharding}, ${r.perDevice} per device` },
           el(
-            'tr',
+            'div.shardlab-Panel-arrayHead',
             {},
-            el('td.shardlab-Panel-name', { title: r.name }, r.name),
-            el('td', { title: r.type }, r.type),
-            el('td', { title: r.sharding }, r.sharding),
-            el('td.shardlab-Panel-num', {}, r.perDevice)
-          )
+            el('span.shardlab-Panel-name', {}, r.name),
+            el('span.shardlab-Panel-num', {}, `${r.perDevice}/device`)
+          ),
+          el('div.shardlab-Panel-hint.shardlab-Panel-arrayType', {}, `${r.type} · ${r.sharding}`)
         )
       )
     );
-    return this._section('arrays', 'Largest arrays', table);
+    return this._section('arrays', 'Largest arrays', list);
   }
 
   private _history(status: IShardlabStatus): HTMLElement {
@@ -258,14 +266,16 @@ export class ShardlabPanel extends Widget {
       return null;
     }
     return el(
-      `pre.shardlab-Panel-message${message.error ? '.shardlab-mod-error' : ''}`,
+      `div.shardlab-Panel-message${message.error ? '.shardlab-mod-error' : ''}`,
       { 'data-action': key },
-      message.text
+      el('div.shardlab-Panel-messageText', {}, message.text),
+      message.details &&
+        el('details', {}, el('summary', {}, 'details'), el('pre', {}, message.details))
     );
   }
 
-  private _show(key: string, text: string, error: boolean): void {
-    this._message = { key, text, error };
+  private _show(key: string, text: string, error: boolean, details = ''): void {
+    this._message = { key, text, error, details };
     this.render();
   }
 
@@ -273,7 +283,9 @@ export class ShardlabPanel extends Widget {
   private _run(
     button: HTMLButtonElement,
     key: string,
-    action: (connection: ShardlabConnection) => Promise<{ text: string; error: boolean }>
+    action: (
+      connection: ShardlabConnection
+    ) => Promise<{ text: string; error: boolean; details?: string }>
   ): void {
     const connection = this._connection;
     if (!connection) {
@@ -282,7 +294,7 @@ export class ShardlabPanel extends Widget {
     button.disabled = true;
     action(connection)
       .then(
-        result => this._show(key, result.text, result.error),
+        result => this._show(key, result.text, result.error, result.details),
         (error: unknown) => this._show(key, errorMessageOf(error), true)
       )
       .finally(() => {
@@ -293,5 +305,8 @@ export class ShardlabPanel extends Widget {
   private _connection: ShardlabConnection | null = null;
   private _label = '';
   private _cpuText: string | null = null;
-  private _message: { key: string; text: string; error: boolean } | null = null;
+  private _message: { key: string; text: string; error: boolean; details: string } | null =
+    null;
+  /** The most bytes one device held since the panel followed this connection. */
+  private _peak = 0;
 }

@@ -44,8 +44,11 @@ describe('memory rows', () => {
   it('summarises in human units', () => {
     expect(memorySummary({})).toBe('no devices');
     expect(memorySummary({ a: 0, b: 0 })).toBe('no live arrays');
-    expect(memorySummary({ a: 256 * MiB, b: 256 * MiB })).toBe('512.0 MiB in all · fullest device 256.0 MiB');
+    expect(memorySummary({ a: 256 * MiB, b: 256 * MiB })).toBe('total 512.0 MiB · fullest 256.0 MiB');
     expect(memoryRows({ a: 0 })[0].fraction).toBe(0);
+    // Bars relative to a peak the panel has seen: they shrink after a release.
+    expect(memoryRows({ a: MiB }, 256 * MiB)[0].fraction).toBeCloseTo(1 / 256);
+    expect(memoryRows({ a: 512 * MiB }, 256 * MiB)[0].fraction).toBe(1);
   });
 });
 
@@ -94,6 +97,6 @@ describe('devices', () => {
   });
 
   it('shows released bytes in human units', () => {
-    expect(releaseLine({ text: '', before: 256 * MiB, after: 0 })).toBe('256.0 MiB → 0 B');
+    expect(releaseLine({ text: '', before: 257 * MiB, after: MiB })).toBe('Released 256.0 MiB: 257.0 MiB → 1.0 MiB');
   });
 });

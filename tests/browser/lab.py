@@ -46,8 +46,9 @@ POLL_S = 0.25
 # Lab user settings for the test server: no news prompt, no update check, and every cell
 # attached to the DOM (the default windowing detaches cells outside the viewport, which
 # would hide their outputs from assertions).
+WINDOWING_SETTINGS = "@jupyterlab/notebook-extension/tracker.jupyterlab-settings"
 USER_SETTINGS = {
-    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    WINDOWING_SETTINGS: {"windowingMode": "none"},
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
         "fetchNews": "false",
         "checkForUpdates": False,
@@ -72,9 +73,19 @@ def free_port() -> int:
 class LabServer:
     """``jupyter lab`` as a child process; ``start()`` returns once /api/status answers."""
 
-    def __init__(self, root_dir: pathlib.Path, state_dir: pathlib.Path) -> None:
+    def __init__(
+        self,
+        root_dir: pathlib.Path,
+        state_dir: pathlib.Path,
+        user_settings: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """``user_settings`` ({settings file: {key: value}}) is merged over USER_SETTINGS,
+        e.g. ``{WINDOWING_SETTINGS: {"windowingMode": "full"}}`` for Lab's windowing."""
         self.root_dir = pathlib.Path(root_dir)
         self.state_dir = pathlib.Path(state_dir)
+        self.user_settings = {name: dict(values) for name, values in USER_SETTINGS.items()}
+        for name, values in (user_settings or {}).items():
+            self.user_settings.setdefault(name, {}).update(values)
         self.port = free_port()
         self.token = secrets.token_hex(16)
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -109,7 +120,7 @@ class LabServer:
 
     def start(self, timeout: float = 60.0) -> LabServer:
         settings = self.state_dir / "user-settings"
-        for relative, values in USER_SETTINGS.items():
+        for relative, values in self.user_settings.items():
             path = settings / relative
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(values))
@@ -361,9 +372,18 @@ def _is_count(prompt: str) -> bool:
 
 
 def open_notebook(
-    page: Any, base_url: str, token: str, notebook_name: str, timeout: float = 60.0
+    page: Any,
+    base_url: str,
+    token: str,
+    notebook_name: str,
+    timeout: float = 60.0,
+    *,
+    kernel_name: str = KERNEL_NAME,
 ) -> dict[str, Any]:
-    """Opens the notebook in a fresh workspace; returns once its kernel is connected and idle."""
+    """Opens the notebook in a fresh workspace; returns once its kernel is connected and idle.
+
+    Raises LabError if the notebook's kernel is not ``kernel_name`` (shardlab's by default).
+    """
     page.goto(f"{base_url}/lab/tree/{notebook_name}?reset&token={token}")
     state = _wait(
         page,
@@ -372,9 +392,9 @@ def open_notebook(
         timeout,
     )
     session = state.get("session") or {}
-    if session.get("kernel", KERNEL_NAME) != KERNEL_NAME:
+    if session.get("kernel", kernel_name) != kernel_name:
         raise LabError(
-            f"{notebook_name!r} runs on the kernel {session.get('kernel')!r}, not {KERNEL_NAME!r}"
+            f"{notebook_name!r} runs on the kernel {session.get('kernel')!r}, not {kernel_name!r}"
         )
     return state
 
