@@ -9,7 +9,6 @@ the viewport leave the DOM), unlike the other browser tests' server.
 from __future__ import annotations
 
 import json
-import pathlib
 import re
 import shutil
 import time
@@ -101,7 +100,7 @@ NOTEBOOKS = {
 
 @pytest.fixture(scope="module")
 def lab_server(tmp_path_factory):
-    """This module's server: windowing on, the three notebooks above in its root."""
+    """This module's server: windowing on, new cells in graph mode, the notebooks above."""
     from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
     for name in (KERNEL_NAME, "python3"):
@@ -115,7 +114,10 @@ def lab_server(tmp_path_factory):
     server = LabServer(
         root,
         tmp_path_factory.mktemp("ext-state"),
-        user_settings={WINDOWING_SETTINGS: {"windowingMode": "full"}},
+        user_settings={
+            WINDOWING_SETTINGS: {"windowingMode": "full"},
+            "shardlab/plugin.jupyterlab-settings": {"defaultCellMode": "graph"},
+        },
     )
     try:
         server.start()
@@ -236,7 +238,6 @@ def _shardlab_messages(messages: list[str]) -> list[str]:
 # Tests
 
 
-@pytest.mark.slow
 def test_cell_modes_in_a_windowed_notebook(lab_server, lab_page):
     page = lab_page
     console = _console(page)
@@ -248,30 +249,42 @@ def test_cell_modes_in_a_windowed_notebook(lab_server, lab_page):
 
     # An invalid metadata mode shows in the cell's control before anything runs.
     _activate(page, 5)
-    info = _wait_for(page, "cell 5's strip", lambda: _cell_info(page, 5)["stripShown"] and _cell_info(page, 5))
+    info = _wait_for(
+        page, "cell 5's strip", lambda: _cell_info(page, 5)["stripShown"] and _cell_info(page, 5)
+    )
     assert info["select"] == "invalid: 'grpah'"
 
     # Cell 1: the mode from the cell toolbar's control.
     _activate(page, 1)
-    select = page.locator('[data-test-cell="1"] .jp-cell-toolbar select.shardlab-CellModeToolbar-select')
+    select = page.locator(
+        '[data-test-cell="1"] .jp-cell-toolbar select.shardlab-CellModeToolbar-select'
+    )
     select.wait_for(state="visible", timeout=15_000)
     select.select_option("graph")
     assert _cell_info(page, 1)["meta"] == {"mode": "graph"}
     screenshot(page, "ext_cell_toolbar_mode")
     # Cell 2: the command, as the palette or a menu would run it.
     _activate(page, 2)
-    _js(page, "await window.jupyterapp.commands.execute('shardlab:set-cell-mode', {mode: 'eager'});")
+    _js(
+        page, "await window.jupyterapp.commands.execute('shardlab:set-cell-mode', {mode: 'eager'});"
+    )
     assert _cell_info(page, 2)["meta"] == {"mode": "eager"}
     # Cell 3: the shortcut G J in command mode.
     _activate(page, 3)
     page.keyboard.press("g")
     page.keyboard.press("j")
-    _wait_for(page, "G J to set cell 3's mode", lambda: _cell_info(page, 3)["meta"] == {"mode": "jit"})
+    _wait_for(
+        page, "G J to set cell 3's mode", lambda: _cell_info(page, 3)["meta"] == {"mode": "jit"}
+    )
 
     # Run everything; Lab ends scrolled to the last cell.
     _js(page, "window.jupyterapp.commands.execute('notebook:run-all-cells');")
     _wait_idle_all_run(page)
-    last = _wait_for(page, "the last cell's effective mode", lambda: (i := _cell_info(page, N_CELLS - 1))["strip"] and i)
+    last = _wait_for(
+        page,
+        "the last cell's effective mode",
+        lambda: (i := _cell_info(page, N_CELLS - 1))["strip"] and i,
+    )
     assert last["connected"] and last["strip"].startswith("ran eager · "), last
     assert _cell_info(page, 1)["connected"] is False  # the top cells left the DOM
     screenshot(page, "ext_windowed_bottom")
@@ -292,7 +305,11 @@ def test_cell_modes_in_a_windowed_notebook(lab_server, lab_page):
         5: r"^not run: unknown mode 'grpah'$",
     }
     for index, pattern in expected.items():
-        info = _wait_for(page, f"cell {index}'s strip", lambda index=index: (i := _cell_info(page, index))["connected"] and i["strip"] and i)
+        info = _wait_for(
+            page,
+            f"cell {index}'s strip",
+            lambda index=index: (i := _cell_info(page, index))["connected"] and i["strip"] and i,
+        )
         assert re.search(pattern, info["strip"]), (index, info)
     assert _cell_info(page, 1)["select"] == "graph"
     screenshot(page, "ext_windowed_top")
@@ -301,8 +318,17 @@ def test_cell_modes_in_a_windowed_notebook(lab_server, lab_page):
     _js(page, f"await nb.scrollToItem({N_CELLS - 1}, 'end');")
     _wait_for(page, "cell 1 to leave the DOM", lambda: _cell_info(page, 1)["connected"] is False)
     _js(page, "await nb.scrollToItem(0, 'start');")
-    info = _wait_for(page, "cell 1 back in the DOM", lambda: (i := _cell_info(page, 1))["connected"] and i)
+    info = _wait_for(
+        page, "cell 1 back in the DOM", lambda: (i := _cell_info(page, 1))["connected"] and i
+    )
     assert re.search(expected[1], info["strip"] or ""), info
+
+    # defaultCellMode (set to "graph" for this server): a new cell gets that mode.
+    _activate(page, N_CELLS - 1)
+    _js(page, "await window.jupyterapp.commands.execute('notebook:insert-cell-below');")
+    assert _js(page, "return nb.widgets.length") == N_CELLS + 1
+    assert _cell_info(page, N_CELLS)["meta"] == {"mode": "graph"}
+    assert _cell_info(page, 10)["meta"] is None  # the cells it loaded are left as they were
     assert not [m for m in _shardlab_messages(console) if not m.startswith("log:")], console
 
 
@@ -315,7 +341,9 @@ def test_status_bar_memory_and_release_from_the_panel(lab_server, lab_page):
     _run_cell(page, 0)
     _run_cell(page, 1)
     _run_cell(page, 2)
-    _wait_for(page, "256 MiB on a device", lambda: (_status_bytes(page) or 0) >= 256 * MiB, timeout=60)
+    _wait_for(
+        page, "256 MiB on a device", lambda: (_status_bytes(page) or 0) >= 256 * MiB, timeout=60
+    )
 
     # The panel, opened from the command palette.
     page.keyboard.press("Control+Shift+c")
@@ -340,9 +368,27 @@ def test_status_bar_memory_and_release_from_the_panel(lab_server, lab_page):
         message.inner_text()
     )
     _wait_for(
-        page, "the memory figure to fall", lambda: (_status_bytes(page) or MiB * 999) <= 2 * MiB, timeout=60
+        page,
+        "the memory figure to fall",
+        lambda: (_status_bytes(page) or MiB * 999) <= 2 * MiB,
+        timeout=60,
     )
     screenshot(page, "ext_panel_after_release")
+
+    # Switch devices in-process, from the panel, and back; the named array survives.
+    for count in (4, 8):
+        panel.locator("input.shardlab-Panel-cpuCount").fill(str(count))
+        panel.locator("button.shardlab-Panel-switch").click()
+        _wait_for(
+            page, f"{count} CPU devices", lambda c=count: f"{c} × CPU" in _status_text(page), 60
+        )
+        assert panel.locator(".shardlab-Panel-bar").count() == count
+    switched = panel.locator('.shardlab-Panel-message[data-action="switch"]')
+    assert switched.count() == 1 and "shardlab-mod-error" not in (
+        switched.get_attribute("class") or ""
+    )
+    assert "float32[1024, 256]" in panel.locator(".shardlab-Panel-arrays").inner_text()
+    screenshot(page, "ext_panel_switched")
 
 
 def test_kernel_restart_reconnects_the_status_bar(lab_server, lab_page):
