@@ -83,8 +83,9 @@ function createModeSelect(
       host.setMode(model, select.value);
     }
   });
-  // Keys typed into the control are for it, not for the notebook's command-mode shortcuts.
-  select.addEventListener('keydown', event => event.stopPropagation());
+  // Keys typed into the control (arrows, letters) are for it, not for the notebook's
+  // command-mode shortcuts (Lumino skips bindings for targets inside this attribute).
+  select.setAttribute('data-lm-suppress-shortcuts', 'true');
   return select;
 }
 
