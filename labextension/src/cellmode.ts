@@ -115,17 +115,30 @@ function activate(
     cell => new CellModeToolbarItem(cell.model, modes, () => modes.onShardlab(cell))
   );
 
+  /** The active cell's choice, for the no-argument form (a menu entry): it cycles. */
+  const currentChoice = (): ModeChoice => {
+    const model = tracker.currentWidget?.content.activeCell?.model;
+    const meta = readMetadataMode(model?.getMetadata(METADATA_KEY));
+    return meta.kind === 'mode' ? meta.mode : 'default';
+  };
+  const nextChoice = (): ModeChoice =>
+    CHOICES[(CHOICES.indexOf(currentChoice()) + 1) % CHOICES.length];
+
   app.commands.addCommand(SET_CELL_MODE, {
-    label: args => (isChoice(args.mode) ? `Set Cell Mode: ${args.mode}` : 'Set Cell Mode'),
+    label: args =>
+      isChoice(args.mode)
+        ? `Set Cell Mode: ${args.mode}`
+        : `Cycle Cell Mode (${currentChoice()} → ${nextChoice()})`,
     caption: args =>
       args.mode === 'default'
         ? "Removes the selected cells' mode (shardlab.mode metadata): they run in the session default"
-        : `Runs the selected cells in ${String(args.mode)} mode (cell metadata shardlab.mode)`,
+        : isChoice(args.mode)
+          ? `Runs the selected cells in ${args.mode} mode (cell metadata shardlab.mode)`
+          : "Sets the selected cells' mode to the next of default, eager, jit, graph",
     describedBy: {
       args: {
         type: 'object',
-        properties: { mode: { type: 'string', enum: [...CHOICES] } },
-        required: ['mode']
+        properties: { mode: { type: 'string', enum: [...CHOICES] } }
       }
     },
     isEnabled: () => targetCells(tracker).length > 0,
@@ -140,7 +153,7 @@ function activate(
       );
     },
     execute: args => {
-      const choice = args.mode;
+      const choice = args.mode === undefined ? nextChoice() : args.mode;
       if (!isChoice(choice)) {
         throw new Error(
           `${SET_CELL_MODE}: mode ${JSON.stringify(choice)} is not one of ${CHOICES.join(', ')}`

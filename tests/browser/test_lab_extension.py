@@ -328,6 +328,9 @@ def test_cell_modes_in_a_windowed_notebook(lab_server, lab_page):
     _js(page, "await window.jupyterapp.commands.execute('notebook:insert-cell-below');")
     assert _js(page, "return nb.widgets.length") == N_CELLS + 1
     assert _cell_info(page, N_CELLS)["meta"] == {"mode": "graph"}
+    # The command without a mode (the shardlab menu's entry) cycles: graph → default.
+    _js(page, "await window.jupyterapp.commands.execute('shardlab:set-cell-mode');")
+    assert _cell_info(page, N_CELLS)["meta"] is None
     assert _cell_info(page, 10)["meta"] is None  # the cells it loaded are left as they were
     assert not [m for m in _shardlab_messages(console) if not m.startswith("log:")], console
 
