@@ -76,7 +76,12 @@ export class NotebookCellModes implements IDisposable {
     if (this._isDisposed) {
       return;
     }
-    const active = this._connection.isShardlab;
+    // A restart closes the comm for a moment: the same kernel keeps its strips meanwhile.
+    if (this._connection.isShardlab) {
+      this._shardlabKernel = this._kernel;
+    }
+    const active =
+      this._connection.isShardlab || (this._kernel !== null && this._kernel === this._shardlabKernel);
     if (active !== this._active) {
       this._active = active;
       this.panel.toggleClass('shardlab-mod-kernel', active);
@@ -187,6 +192,8 @@ export class NotebookCellModes implements IDisposable {
   private _loaded = false;
   private _isDisposed = false;
   private _kernel: Kernel.IKernelConnection | null = null;
+  /** The last kernel seen with a shardlab comm. */
+  private _shardlabKernel: Kernel.IKernelConnection | null = null;
   private _cells: CellList | null = null;
   private _replies: ReplyTracker;
   private _strips = new Map<Cell, CellModeStrip | null>();
