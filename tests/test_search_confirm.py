@@ -204,7 +204,7 @@ def test_confirm_on_request_and_in_the_background_match_confirming_in_search(mon
     for plan in (later, waited):
         assert C.plan_key(plan) == C.plan_key(confirmed), (plan.method, confirmed.method)
         assert any(n.startswith("compiled (cpu-sim): ") for n in plan.notes)
-    with pytest.raises(shardlab.SearchError, match="shardlab.confirm"):
+    with pytest.raises(shardlab.SearchError, match=r"shardlab\.confirm"):
         quick.confirmed()
     with pytest.raises(shardlab.SearchError, match="'background'"):
         search(case.fn, *case.args, mesh=mesh, confirm="later")

@@ -48,19 +48,29 @@ def all_reduce_groups(
     g: OpGraph, collectives: Sequence[Collective], nodes: Sequence[int]
 ) -> list[tuple[int, tuple[str, ...]] | None]:
     """Per collective, the group XLA's all-reduce combiner would merge it into (``None``
-    for other kinds): an all-reduce's level is one more than the highest level upstream of
-    the node it reduces, so all-reduces of one level over the same axes are independent."""
-    reducing = {n for c, n in zip(collectives, nodes, strict=True) if c.kind == "all-reduce"}
-    level = [0] * len(g.nodes)
-    for node in g.nodes:
-        lvl = 0
-        for v in node.inputs:
-            p = g.producer(v)
-            if p >= 0:
-                lvl = max(lvl, level[p])
-        level[node.index] = lvl + (node.index in reducing)
+    for other kinds). Per set of mesh axes, an all-reduce's level is one more than the
+    highest level upstream of the node it reduces, counting only all-reduces over the same
+    axes: one that depends on another of its axes is a level above it, so all-reduces of one
+    level over the same axes are independent (reductions over other axes in between, a
+    Megatron layer's all-reduces over ``model`` between data-parallel gradients, do not
+    order them)."""
+    reducing: dict[tuple[str, ...], set[int]] = {}
+    for c, n in zip(collectives, nodes, strict=True):
+        if c.kind == "all-reduce" and n >= 0:
+            reducing.setdefault(c.mesh_axes, set()).add(n)
+    levels: dict[tuple[str, ...], list[int]] = {}
+    for axes, here in reducing.items():
+        level = [0] * len(g.nodes)
+        for node in g.nodes:
+            lvl = 0
+            for v in node.inputs:
+                p = g.producer(v)
+                if p >= 0 and level[p] > lvl:
+                    lvl = level[p]
+            level[node.index] = lvl + (node.index in here)
+        levels[axes] = level
     return [
-        (level[n], c.mesh_axes) if c.kind == "all-reduce" and n >= 0 else None
+        (levels[c.mesh_axes][n], c.mesh_axes) if c.kind == "all-reduce" and n >= 0 else None
         for c, n in zip(collectives, nodes, strict=True)
     ]
 
