@@ -43,6 +43,10 @@ function el(tag: string, attrs: Record<string, string> = {}, ...children: Child[
   return node;
 }
 
+function empty(text: string): HTMLElement {
+  return el('p.shardlab-Panel-empty', {}, text);
+}
+
 export class ShardlabPanel extends Widget {
   constructor() {
     super();
@@ -98,13 +102,24 @@ export class ShardlabPanel extends Widget {
       return;
     }
     const status = this._connection?.status ?? null;
-    const body: Child[] = [el('div.shardlab-Panel-title', {}, 'shardlab', el('span.shardlab-Panel-source', {}, this._label))];
+    const title = el(
+      'div.shardlab-Panel-title',
+      {},
+      'shardlab',
+      el('span.shardlab-Panel-source', {}, this._label)
+    );
+    const body: Child[] = [title];
     if (this._connection === null) {
-      body.push(el('p.shardlab-Panel-empty', {}, 'Open a notebook on the shardlab kernel to see its devices and memory.'));
+      body.push(empty('Open a notebook on the shardlab kernel to see its devices and memory.'));
     } else if (!this._connection.isShardlab) {
-      body.push(el('p.shardlab-Panel-empty', {}, 'Not a shardlab kernel: nothing to show. Choose the “JAX · shardlab” kernel for this notebook to see its devices, memory and cell modes.'));
+      body.push(
+        empty(
+          'Not a shardlab kernel: nothing to show. Choose the “JAX · shardlab” kernel for ' +
+            'this notebook to see its devices, memory and cell modes.'
+        )
+      );
     } else if (status === null) {
-      body.push(el('p.shardlab-Panel-empty', {}, 'Waiting for the kernel’s status…'));
+      body.push(empty('Waiting for the kernel’s status…'));
     } else {
       body.push(this._devices(status), this._memory(status), this._arrays(status), this._history(status));
     }
@@ -126,7 +141,11 @@ export class ShardlabPanel extends Widget {
     input.addEventListener('input', () => {
       this._cpuText = input.value; // kept when a new status re-renders the panel
     });
-    const button = el('button.jp-mod-styled.shardlab-Panel-switch', { type: 'button' }, 'Switch') as HTMLButtonElement;
+    const button = el(
+      'button.jp-mod-styled.shardlab-Panel-switch',
+      { type: 'button' },
+      'Switch'
+    ) as HTMLButtonElement;
     const onSwitch = (): void => {
       const parsed = cpuCount(input.value);
       if ('error' in parsed) {
@@ -145,7 +164,11 @@ export class ShardlabPanel extends Widget {
       }
     });
     const command = gpuInstallCommand('gpu:0,1');
-    const copy = el('button.jp-mod-styled.shardlab-Panel-copy', { type: 'button', title: 'Copy the command' }, 'Copy');
+    const copy = el(
+      'button.jp-mod-styled.shardlab-Panel-copy',
+      { type: 'button', title: 'Copy the command' },
+      'Copy'
+    );
     copy.addEventListener('click', () => Clipboard.copyToSystem(command));
     return this._section(
       'devices',
@@ -163,7 +186,8 @@ export class ShardlabPanel extends Widget {
       el(
         'p.shardlab-Panel-hint',
         {},
-        'GPU sets are fixed when the kernel starts: install a kernel for the set, then pick it (Kernel › Change Kernel):'
+        'GPU sets are fixed when the kernel starts: install a kernel for the set, then pick ' +
+          'it (Kernel › Change Kernel):'
       ),
       el('div.shardlab-Panel-command', {}, el('code', {}, command), copy)
     );
@@ -201,7 +225,11 @@ export class ShardlabPanel extends Widget {
       'Memory per device',
       el(
         'div.shardlab-Panel-line.shardlab-Panel-total',
-        { title: `bars: share of ${formatBytes(this._peak)}, the most one device held since the panel followed this kernel` },
+        {
+          title:
+            `bars: share of ${formatBytes(this._peak)}, the most one device held ` +
+            'since the panel followed this kernel'
+        },
         memorySummary(status.bytes_per_device)
       ),
       el('div.shardlab-Panel-bars', {}, ...rows),
@@ -213,7 +241,8 @@ export class ShardlabPanel extends Widget {
   private _arrays(status: IShardlabStatus): HTMLElement {
     const rows = arrayRows(status.largest_arrays);
     if (rows.length === 0) {
-      return this._section('arrays', 'Largest arrays', el('p.shardlab-Panel-hint', {}, 'No named arrays yet.'));
+      const none = el('p.shardlab-Panel-hint', {}, 'No named arrays yet.');
+      return this._section('arrays', 'Largest arrays', none);
     }
     const list = el(
       'ul.shardlab-Panel-arrayList',
