@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,15 +28,33 @@ def test_live_bytes_per_device_follows_sharding():
     del x, views
 
 
+_SHARD_VIEWS = """
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+import shardlab
+from shardlab.engine.memory import release
+jax.config.update("jax_num_cpu_devices", 8)
+mesh = shardlab.mesh(data=8)
+x = jax.device_put(jnp.arange(64.0), NamedSharding(mesh, P("data")))
+view = x.addressable_shards[0].data  # a separate array object sharing x's buffer
+garbage = jnp.ones((256, 256)) * 3  # unreachable from the namespace
+report = release({"x": x})
+assert not x.is_deleted() and float(x.sum()) == 2016.0
+assert not view.is_deleted()
+assert garbage.is_deleted() and report.arrays_deleted >= 1, report
+print("ok")
+"""
+
+
 def test_release_keeps_named_arrays_even_when_shard_views_are_alive():
-    mesh = shardlab.mesh(data=8)
-    x = jax.device_put(jnp.arange(64.0), NamedSharding(mesh, P("data")))
-    view = x.addressable_shards[0].data  # a separate array object sharing x's buffer
-    garbage = jnp.ones((256, 256)) * 3  # unreachable from the namespace
-    report = release({"x": x})
-    assert not x.is_deleted() and float(x.sum()) == 2016.0
-    assert not view.is_deleted()
-    assert garbage.is_deleted() and report.arrays_deleted >= 1
+    # In a fresh interpreter, as in a kernel: inside this test process, pytest's own state
+    # (every collected test and its fixtures) is reachable from modules, and a walk that
+    # large stops early, after which release rightly deletes nothing unreachable.
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [sys.executable, "-c", _SHARD_VIEWS], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
 def test_release_keeps_a_named_typed_prng_key():
