@@ -277,3 +277,20 @@ def test_a_leaf_neither_traced_nor_static_is_named(mesh24):
 @dataclasses.dataclass
 class _Options:  # eq without hash: unhashable
     depth: int
+
+
+def test_a_function_is_traced_once_per_argument_signature():
+    from shardlab.parallel.graph.trace import trace
+
+    calls = []
+
+    def f(x, scale):
+        calls.append(1)  # runs only while tracing
+        return x * scale
+
+    x = jnp.ones((4, 8))
+    first = trace(f, x, 2.0)
+    again = trace(f, jnp.zeros((4, 8)), 3.0)  # same shapes, dtypes and weak types
+    assert again.jaxpr is first.jaxpr and len(calls) == 1
+    other = trace(f, jnp.ones((8, 8)), 2.0)  # a new shape traces again
+    assert other.jaxpr is not first.jaxpr and len(calls) == 2

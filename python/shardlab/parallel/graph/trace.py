@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -77,6 +78,39 @@ class Traced:
         return [self.graph.shapes[v] for v in self.graph.inputs]
 
 
+# The jaxprs of functions traced before, by function (weakly) and argument signature: a
+# search, its baselines and a second search of the same step trace once, as
+# ``jax.make_jaxpr`` of one function object would be cached (the wrapper that closes over
+# static leaves is new each call, so JAX's own cache cannot see the repeat).
+_MEMO: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
+_MEMO_PER_FUNCTION = 8
+
+
+def _memo_of(fn: Any) -> dict[Any, Any] | None:
+    try:
+        return _MEMO.setdefault(fn, {})
+    except TypeError:  # not weakly referenceable
+        return None
+
+
+def _memo_key(parts: Any, dynamic: Any) -> Any:
+    leaves, treedef = jax.tree_util.tree_flatten(dynamic)
+    signature = tuple(
+        (tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False))) for x in leaves
+    )
+    key = (parts.treedef, parts.statics, treedef, signature, _config_state())
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _config_state() -> Any:
+    """JAX settings that change what a trace produces."""
+    return (bool(jax.config.read("jax_enable_x64")), str(jax.sharding.get_abstract_mesh()))
+
+
 def trace(fn: Callable[..., Any], *args: Any, unroll_scans: bool = True) -> Traced:
     """Trace ``fn(*args)`` once (``jax.make_jaxpr``) and build its ``OpGraph``.
 
@@ -97,20 +131,31 @@ def trace(fn: Callable[..., Any], *args: Any, unroll_scans: bool = True) -> Trac
     abstract = abstract_args(args)  # traced on shapes: the arguments' placement is not read
     dynamic = parts.dynamic(abstract)
     outputs: list[Split] = []
+    memo_key = _memo_key(parts, dynamic)
+    per_fn = _memo_of(fn)
+    hit = None if per_fn is None or memo_key is None else per_fn.get(memo_key)
+    if hit is not None:
+        closed, out_shape, out_split = hit
+        outputs.append(out_split)
+    else:
 
-    def traced_fn(*dyn: Any) -> Any:
-        out = fn(*parts.combine(dyn))
-        outputs.append(split(out, check=False))
-        return drop_static(out)
+        def traced_fn(*dyn: Any) -> Any:
+            out = fn(*parts.combine(dyn))
+            outputs.append(split(out, check=False))
+            return drop_static(out)
 
-    traced_fn.__name__ = traced_fn.__qualname__ = getattr(fn, "__name__", "fn")
-    try:
-        closed, out_shape = jax.make_jaxpr(traced_fn, return_shape=True)(*dynamic)
-    except Exception as e:  # any tracing failure is the user's function's
-        raise SearchError(
-            f"{getattr(fn, '__name__', fn)!r} does not trace with the given arguments: "
-            f"{type(e).__name__}: {e}"
-        ) from e
+        traced_fn.__name__ = traced_fn.__qualname__ = getattr(fn, "__name__", "fn")
+        try:
+            closed, out_shape = jax.make_jaxpr(traced_fn, return_shape=True)(*dynamic)
+        except Exception as e:  # any tracing failure is the user's function's
+            raise SearchError(
+                f"{getattr(fn, '__name__', fn)!r} does not trace with the given arguments: "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        if per_fn is not None and memo_key is not None:
+            if len(per_fn) >= _MEMO_PER_FUNCTION:
+                per_fn.pop(next(iter(per_fn)))
+            per_fn[memo_key] = (closed, out_shape, outputs[-1])
     graph = build_from_jaxpr(closed, unroll_scans=unroll_scans)
     counts = [len(jax.tree_util.tree_leaves(a)) for a in dynamic]
     return Traced(
