@@ -17,7 +17,10 @@ from ._version import __version__
 if TYPE_CHECKING:
     from . import examples, strategies
     from .engine import GraphCache, GraphStagingError, ModeError, ReleaseReport
+    from .engine.bisect import BisectReport, bisect
+    from .engine.compare import CompareReport, compare
     from .engine.devices import DeviceSpecError, SwitchReport
+    from .engine.numerics import Tolerance
     from .kernel.release import release
     from .parallel import (
         DEVICE_PROFILES,
@@ -45,6 +48,11 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "strategies": (".strategies", None),
     **{n: (".engine", n) for n in ("GraphCache", "GraphStagingError", "ModeError")},
     "ReleaseReport": (".engine", "ReleaseReport"),
+    "compare": (".engine.compare", "compare"),
+    "CompareReport": (".engine.compare", "CompareReport"),
+    "bisect": (".engine.bisect", "bisect"),
+    "BisectReport": (".engine.bisect", "BisectReport"),
+    "Tolerance": (".engine.numerics", "Tolerance"),
     "DeviceSpecError": (".engine.devices", "DeviceSpecError"),
     "SwitchReport": (".engine.devices", "SwitchReport"),
     "release": (".kernel.release", "release"),
@@ -96,7 +104,9 @@ def _load() -> None:
 
 __all__ = [
     "DEVICE_PROFILES",
+    "BisectReport",
     "Collective",
+    "CompareReport",
     "CostBreakdown",
     "DeviceProfile",
     "DeviceSpecError",
@@ -112,9 +122,12 @@ __all__ = [
     "SearchError",
     "ShardingSpecError",
     "SwitchReport",
+    "Tolerance",
     "__version__",
     "analyze",
+    "bisect",
     "commgraph",
+    "compare",
     "confirm",
     "editor",
     "examples",

@@ -9,6 +9,7 @@ them). Live parts are stock ipywidgets controls plus outputs updated in place by
 from __future__ import annotations
 
 from .commgraph import CommGraphView, commgraph
+from .compare import bisect_html, compare_html  # registers the compare/bisect views
 from .editor import StrategyEditor, editor
 from .layout import LayoutView, show
 from .memory import MemoryPanel, memory
@@ -22,7 +23,9 @@ __all__ = [
     "StrategyEditor",
     "TimelineView",
     "Watch",
+    "bisect_html",
     "commgraph",
+    "compare_html",
     "editor",
     "memory",
     "show",
