@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .engine import GraphCache, GraphStagingError, ModeError, ReleaseReport
     from .engine.bisect import BisectReport, bisect
     from .engine.compare import CompareReport, compare
+    from .engine.convert import ControlFlowError, converted, to_static
     from .engine.devices import DeviceSpecError, SwitchReport
     from .engine.numerics import Tolerance
     from .kernel.release import release
@@ -53,6 +54,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "bisect": (".engine.bisect", "bisect"),
     "BisectReport": (".engine.bisect", "BisectReport"),
     "Tolerance": (".engine.numerics", "Tolerance"),
+    **{n: (".engine.convert", n) for n in ("ControlFlowError", "converted", "to_static")},
     "DeviceSpecError": (".engine.devices", "DeviceSpecError"),
     "SwitchReport": (".engine.devices", "SwitchReport"),
     "release": (".kernel.release", "release"),
@@ -107,6 +109,7 @@ __all__ = [
     "BisectReport",
     "Collective",
     "CompareReport",
+    "ControlFlowError",
     "CostBreakdown",
     "DeviceProfile",
     "DeviceSpecError",
@@ -129,6 +132,7 @@ __all__ = [
     "commgraph",
     "compare",
     "confirm",
+    "converted",
     "editor",
     "examples",
     "load_ipython_extension",
@@ -140,6 +144,7 @@ __all__ = [
     "show",
     "strategies",
     "timeline",
+    "to_static",
     "unload_ipython_extension",
     "watch",
 ]

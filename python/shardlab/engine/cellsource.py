@@ -15,6 +15,9 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
+from .convert_pass import Site, convert_block
+from .convert_pass import walk_scope as walk_scope
+
 RESULT_NAME = "__shardlab_result__"
 FORMAT_NAME = "__shardlab_format__"
 
@@ -72,6 +75,10 @@ class CellSource:
     definitions: tuple[Definition, ...]
     bind_lines: dict[str, int] = field(default_factory=dict)  # name -> first binding line
     line_offset: int = 0
+    # Control flow converted for staging (convert_pass): its sites (each converted
+    # statement and each one left as Python, with the reason) and the converted source.
+    sites: tuple[Site, ...] = ()
+    converted_source: str | None = None
 
     def line(self, lineno: int, *, offset: int = 0) -> str:
         """The text of a (1-based, cell-relative after ``offset``) source line."""
@@ -403,7 +410,22 @@ def _free_reads(body: list[ast.stmt]) -> list[str]:
     return reads.names
 
 
-def analyse_cell(source: str, *, filename: str, line_offset: int = 0) -> CellSource:
+_CONVERTIBLE = (ast.If, ast.While, ast.For, ast.BoolOp, ast.IfExp)
+
+
+def _has_control_flow(body: list[ast.stmt]) -> bool:
+    for node in body:
+        for child in walk_scope(node):
+            if isinstance(child, _CONVERTIBLE) or (
+                isinstance(child, ast.UnaryOp) and isinstance(child.op, ast.Not)
+            ):
+                return True
+    return False
+
+
+def analyse_cell(
+    source: str, *, filename: str, line_offset: int = 0, convert: bool = True
+) -> CellSource:
     """Parses and compiles a graph cell.
 
     Args:
@@ -411,6 +433,8 @@ def analyse_cell(source: str, *, filename: str, line_offset: int = 0) -> CellSou
         filename: the name tracebacks show for this cell; it should be in ``linecache``.
         line_offset: lines above ``source`` in the cell as the user sees it (1 when a
             ``%%graph`` line was removed), so reported line numbers match the cell.
+        convert: rewrite the cell's ``if``/``while``/``for`` and ``and``/``or``/``not`` so
+            that they stage on traced values (``convert_pass``).
 
     Raises:
         SyntaxError: the cell does not parse.
@@ -430,8 +454,15 @@ def analyse_cell(source: str, *, filename: str, line_offset: int = 0) -> CellSou
     ast.fix_missing_locations(tree)
     if line_offset:
         ast.increment_lineno(tree, line_offset)
-    code = compile(tree, filename, "exec")
     binds = tuple(binder.binds)
+    sites: tuple[Site, ...] = ()
+    converted_source = None
+    if convert and _has_control_flow(tree.body):
+        result = convert_block(tree.body, function=False, live_out={*binds, RESULT_NAME})
+        tree.body = result.body
+        sites = tuple(result.sites)
+        converted_source = ast.unparse(tree)
+    code = compile(tree, filename, "exec")
     return CellSource(
         source=source,
         filename=filename,
@@ -444,6 +475,8 @@ def analyse_cell(source: str, *, filename: str, line_offset: int = 0) -> CellSou
         definitions=tuple(binder.definitions),
         bind_lines=binder.bind_lines,
         line_offset=line_offset,
+        sites=sites,
+        converted_source=converted_source,
     )
 
 

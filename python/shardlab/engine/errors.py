@@ -60,6 +60,8 @@ _FIXES = {
     "branch": (
         "branches on a traced value: Python `if`, `while`, `and`/`or` and `bool()` need a "
         "concrete True/False, which an array inside a staged program does not have yet.",
+        "in a function the cell calls, decorate it with `@shardlab.to_static` (its "
+        "`if`/`while`/`for` then convert to lax control flow, as a graph cell's own do); or "
         "use `jnp.where(cond, a, b)` or `jax.lax.cond`/`jax.lax.while_loop`, or run the "
         "cell with %%jit or %%eager.",
     ),
@@ -117,6 +119,9 @@ def translate_trace_error(error: BaseException, cell: CellSource) -> GraphStagin
         if user:
             where = f"{user[-1].filename}:{user[-1].lineno} `{(user[-1].line or '').strip()}`"
     reason, fix = _FIXES[_kind(error)]
+    left = [s for s in cell.sites if not s.converted and s.lineno == lineno]
+    if left:  # a statement the conversion left as Python, and why
+        reason = f"{reason} This `{left[0].kind}` was not converted: {left[0].reason}."
     staging = GraphStagingError(lineno=lineno, line=line, reason=reason, fix=fix, where=where)
     staging.__cause__ = None
     return staging

@@ -31,6 +31,9 @@ import numpy as np
 
 from . import state
 from .cellsource import FORMAT_NAME, RESULT_NAME, CellSource, analyse_cell
+from .convert_loops import Runtime
+from .convert_ops import ControlFlowError, Undefined
+from .convert_pass import RUNTIME
 from .errors import GraphStagingError, translate_trace_error
 
 __all__ = [
@@ -184,6 +187,8 @@ class _Entry:
     inputs: tuple[_Input, ...]
     statics: dict[str, Any]
     fn: Callable[..., Any] | None = None
+    strict: bool = False
+    runtime: Runtime | None = None  # the converted control flow's, of the latest trace
     traces: int = 0
     runs: int = 0
     structures: dict[tuple[Any, ...], _Structure] = field(default_factory=dict)
@@ -201,6 +206,9 @@ class GraphRun:
     inputs: tuple[str, ...]
     notes: tuple[str, ...] = ()  # said once per cell: retraces, state read by identity
     updated: tuple[str, ...] = ()  # inputs whose state the cell changed in place
+    # Converted control flow (Runtime.summary of the trace): statements converted, how many
+    # of them staged as which lax construct, how many ran as Python. None: nothing to convert.
+    conversions: dict[str, Any] | None = None
 
 
 class GraphCache:
@@ -383,6 +391,9 @@ def _make_staged(entry: _Entry, cache: GraphCache) -> Callable[..., Any]:
             FORMAT_NAME: DeferredFormat,
         }
         namespace.update(entry.statics)
+        if cell.sites:
+            entry.runtime = Runtime(cell.sites, filename=cell.filename, strict=entry.strict)
+            namespace[RUNTIME] = entry.runtime
         offset = 0
         rebuilt: list[tuple[_Input, Any, list[Any]]] = []
         for spec in entry.inputs:
@@ -396,7 +407,13 @@ def _make_staged(entry: _Entry, cache: GraphCache) -> Callable[..., Any]:
             exec(cell.code, namespace)
         finally:
             jax.debug.print = _debug_print  # type: ignore[assignment]
-        names = tuple(n for n in (*cell.binds, RESULT_NAME) if n in namespace)
+        # A name converted control flow left unbound (bound on one path, read nowhere
+        # after) is not an output.
+        names = tuple(
+            n
+            for n in (*cell.binds, RESULT_NAME)
+            if n in namespace and not isinstance(namespace[n], Undefined)
+        )
         for name in names:
             _refuse_traced_leftovers(cell, name, namespace[name])
         for name, value in entry.statics.items():
@@ -487,6 +504,7 @@ def run_graph_cell(
     filename: str | None = None,
     line_offset: int = 0,
     cell_text: str | None = None,
+    strict: bool = False,
 ) -> GraphRun:
     """Stages ``source`` as one compiled program, runs it, and writes its outputs back.
 
@@ -498,6 +516,7 @@ def run_graph_cell(
         filename: the name tracebacks show; registered in ``linecache`` with ``cell_text``.
         line_offset: lines above ``source`` in the cell as shown to the user.
         cell_text: the whole cell as shown to the user (defaults to ``source``).
+        strict: converted control flow that would run as Python raises instead.
 
     Raises:
         GraphStagingError: the cell cannot be staged; the message names the line, the reason
@@ -511,13 +530,15 @@ def run_graph_cell(
     cell = cache._cell(source, filename, line_offset)
     _check_definitions(cell, line_offset)
     _check_mutations(cell, namespace, line_offset)
+    if strict:
+        _check_converted(cell)
     inputs, arrays, statics, key_parts, untracked = _split_inputs(cell, namespace)
-    key = (source, key_parts)
+    key = (source, strict, key_parts)
     entry = cache._get(key)
     notes: list[str] = []
     if entry is None:
         notes = _staging_notes(cache, source, key_parts, namespace, untracked)
-        entry = _Entry(cell=cell, inputs=inputs, statics=statics)
+        entry = _Entry(cell=cell, inputs=inputs, statics=statics, strict=strict)
         entry.fn = jax.jit(_make_staged(entry, cache))
         cache._put(key, entry)
     traces_before = entry.traces
@@ -528,11 +549,16 @@ def run_graph_cell(
         raise translate_trace_error(error, cell) from None
     structure = entry.structures[_signature(arrays)]
     entry.runs += 1
+    if entry.runtime is not None and entry.traces > traces_before:
+        for note in entry.runtime.notes:
+            if (source, note) not in cache._said:
+                cache._said.add((source, note))
+                notes.append(note)
     if entry.traces > traces_before:
         # Tracing ran the cell's Python, which may change state it reads (a trace counter
         # in a global): file the program under the state it left too, or the next run
         # would see a new key and stage the cell again.
-        after = (source, _split_inputs(cell, namespace)[3])
+        after = (source, strict, _split_inputs(cell, namespace)[3])
         if after != key:
             cache._put(after, entry)
     values = structure.values.rebuild(out_arrays[: len(structure.values.array_positions)])
@@ -566,7 +592,22 @@ def run_graph_cell(
         inputs=tuple(i.name for i in inputs),
         notes=tuple(notes),
         updated=structure.mutated,
+        conversions=None if entry.runtime is None else entry.runtime.summary(),
     )
+
+
+def _check_converted(cell: CellSource) -> None:
+    """Strict conversion: a statement the pass left as Python is an error."""
+    for site in cell.sites:
+        if not site.converted:
+            raise ControlFlowError(
+                label=None,
+                lineno=site.lineno,
+                line=cell.line(site.lineno, offset=cell.line_offset),
+                reason=f"this `{site.kind}` cannot be converted for staging: {site.reason}.",
+                fix="rewrite it as the reason says, or run the cell without --strict "
+                "(it then runs as Python while tracing).",
+            )
 
 
 def _update_in_place(namespace: MutableMapping[str, Any], name: str, value: Any) -> None:
