@@ -4,7 +4,8 @@ Everything it adds lives in :class:`~shardlab.kernel.session.ShardlabSession`, w
 shell by :func:`~shardlab.kernel.register.register` (which ``%load_ext shardlab`` calls in a
 stock kernel too); the kernel adds what only a kernel can do: it sees each execute request's
 cell metadata (JupyterLab sends it; ``{"shardlab": {"mode": ...}}`` chooses the cell's mode)
-and puts the effective mode into each execute_reply's metadata.
+and puts the effective mode (and a graph cell's converted control flow) into each
+execute_reply's metadata.
 """
 
 from __future__ import annotations
@@ -71,4 +72,7 @@ class ShardlabKernel(IPythonKernel):
                 "mode_source": finished.source,
                 "mode_error": finished.error,
             }
+            conversions = self.session_state.conversions
+            if conversions is not None:  # a graph cell's converted control flow
+                metadata["shardlab"]["conversions"] = conversions
         return metadata

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 _OFFSET_FLAG = "--shardlab-line-offset="
 # Cell magics whose body is Python they run: in a graph cell, the body is staged inside them.
 _PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture", "prun"})
+_GRAPH_OPTIONS = frozenset({"--show-converted", "--strict"})
 
 
 @magics_class
@@ -45,6 +46,7 @@ class ShardlabMagics(Magics):
         super().__init__(shell)
         self.session = session
         self._graph_sources: dict[tuple[str, int], tuple[str, str]] = {}
+        self._graph_options: set[str] = set()
 
     # -- modes -----------------------------------------------------------------------------
     @line_magic
@@ -71,6 +73,7 @@ class ShardlabMagics(Magics):
                 print(
                     f"  [{item.execution_count}] {item.mode:<5} (from {item.source:<8}) "
                     f"{item.duration_s * 1e3:9.1f} ms"
+                    + (f"  {conversions_text(item.conversions)}" if item.conversions else "")
                 )
 
     def _run_in_mode(self, mode: str, cell: str) -> Any:
@@ -123,6 +126,11 @@ class ShardlabMagics(Magics):
         every run, in program order. Magic, shell (``!cmd``) and help (``x?``) lines run as
         Python around the staged statements, in order, every run; a cell magic on the first
         line (``%%time``) wraps the staged cell.
+
+        Python control flow on traced values is converted (``if`` → ``lax.cond``, ``while``
+        → ``lax.while_loop``, ``for`` over an array → ``lax.scan``); on concrete values it
+        stays Python. ``--show-converted`` prints the converted source first; ``--strict``
+        makes a statement that cannot be converted an error instead of Python.
         """
         __tracebackhide__ = True
         return self._graph(line, cell)
@@ -130,9 +138,17 @@ class ShardlabMagics(Magics):
     def _graph(self, line: str, cell: str) -> Any:
         __tracebackhide__ = True
         offset = 1
+        options = set()
         for token in line.split():
             if token.startswith(_OFFSET_FLAG):
                 offset = int(token[len(_OFFSET_FLAG) :])
+            elif token in _GRAPH_OPTIONS:
+                options.add(token)
+            else:
+                raise UsageError(
+                    f"%%graph: unknown option {token!r}; use %%graph [--show-converted] [--strict]"
+                )
+        self._graph_options = options
         wrapped = self._cell_magic_around(cell, offset)
         if wrapped is not None:
             return wrapped()
@@ -184,6 +200,8 @@ class ShardlabMagics(Magics):
         __tracebackhide__ = True
         shell = self.shell
         assert shell is not None
+        if "--show-converted" in self._graph_options:
+            print(self._converted_text(code, filename, offset))
         try:
             run = run_graph_cell(
                 code,
@@ -192,6 +210,7 @@ class ShardlabMagics(Magics):
                 filename=filename,
                 line_offset=offset,
                 cell_text=cell_text,
+                strict="--strict" in self._graph_options,
             )
         except GraphStagingError as error:
             raise error.with_traceback(None) from None
@@ -201,7 +220,16 @@ class ShardlabMagics(Magics):
             ) from None
         for note in run.notes:
             print(f"[shardlab] {note}")
+        if run.conversions is not None:
+            self.session.add_conversions(run.conversions)
         return run.result if run.has_result else None
+
+    def _converted_text(self, code: str, filename: str, offset: int) -> str:
+        """``--show-converted``: the staged statements as the conversion rewrote them."""
+        cell = self.session.graph_cache._cell(code, filename, offset)
+        if cell.converted_source is None:
+            return "# no control flow to convert in this cell"
+        return f"# converted ({len(cell.sites)} statement(s)):\n{cell.converted_source}"
 
     def _label(self, filename: str) -> str:
         """``In [8]`` for a cell's traceback filename, as IPython shows it."""
@@ -304,6 +332,17 @@ class ShardlabMagics(Magics):
             return
         print(switch_devices(shell, self.session, arg))
         self.session.status.send()
+
+
+def conversions_text(conversions: dict[str, Any]) -> str:
+    """``3 converted: cond 1, scan 1; 1 as Python`` for ``%mode``'s listing."""
+    staged = ", ".join(f"{kind} {count}" for kind, count in sorted(conversions["staged"].items()))
+    text = f"{conversions['converted']} converted" + (f": {staged}" if staged else "")
+    if conversions.get("python"):
+        text += f"; {conversions['python']} ran as Python"
+    if conversions.get("left_as_python"):
+        text += f"; {len(conversions['left_as_python'])} not convertible"
+    return text
 
 
 def switch_devices(shell: Any, session: ShardlabSession, arg: str) -> str:

@@ -65,6 +65,9 @@ class HistoryItem:
     mode: Mode
     source: ModeSource
     duration_s: float  # from pre_run_cell to post_run_cell: the cell's own run time
+    # A graph cell's converted control flow (``GraphRun.conversions``, summed over its
+    # staged segments); None for cells with nothing converted.
+    conversions: dict[str, Any] | None = None
 
 
 class StatusSink(Protocol):
@@ -124,6 +127,8 @@ class ShardlabSession(LoggingConfigurable):
         self._eager_context: Any = None
         self._started = time.perf_counter()
         self._in_graph_body = False
+        # Converted control flow of the running cell; kept after it for the execute reply.
+        self.conversions: dict[str, Any] | None = None
 
     @property
     def _shell(self) -> Any:
@@ -197,11 +202,14 @@ class ShardlabSession(LoggingConfigurable):
             yield
         finally:
             self._in_graph_body = False
+        # Converted control flow of the running cell; kept after it for the execute reply.
+        self.conversions: dict[str, Any] | None = None
 
     # -- events ----------------------------------------------------------------------------
     def pre_run_cell(self, info: Any) -> None:
         cell = self.mode_of(info.raw_cell or "")
         self.current = cell
+        self.conversions = None
         self._started = time.perf_counter()
         self._compiles_before = compile_count()
         if cell.mode is None:
@@ -221,7 +229,9 @@ class ShardlabSession(LoggingConfigurable):
         if cell is not None and cell.mode is not None and cell.source is not None:
             self.last_mode = cell.mode
             count = getattr(result, "execution_count", None) or self._shell.execution_count
-            self.history.append(HistoryItem(int(count), cell.mode, cell.source, duration))
+            self.history.append(
+                HistoryItem(int(count), cell.mode, cell.source, duration, self.conversions)
+            )
             if compile_count() > self._compiles_before:
                 self._compiled_in(cell.mode)
         error = getattr(result, "error_in_exec", None)
@@ -268,6 +278,17 @@ class ShardlabSession(LoggingConfigurable):
 
     def set_default(self, mode: Mode) -> None:
         self.default_mode = mode
+
+    def add_conversions(self, conversions: dict[str, Any]) -> None:
+        """Counts a staged segment's converted control flow into the running cell's."""
+        if self.conversions is None:
+            self.conversions = {"converted": 0, "staged": {}, "python": 0, "left_as_python": []}
+        total = self.conversions
+        total["converted"] += conversions["converted"]
+        total["python"] += conversions["python"]
+        total["left_as_python"] = [*total["left_as_python"], *conversions["left_as_python"]]
+        for kind, count in conversions["staged"].items():
+            total["staged"][kind] = total["staged"].get(kind, 0) + count
 
 
 def _rss_fraction() -> float:
