@@ -94,7 +94,10 @@ def test_graph_error_names_line_and_fix_and_keeps_data(kernel):
     execution = kernel.execute("%%graph\nkeep = keep + 1\nif keep.sum() > 0:\n    other = 1\n")
     assert execution.status == "error"
     error = execution.errors[0]
-    assert error["ename"] == "GraphStagingError"
+    # the `if` is converted to lax.cond; `other`, bound on one path only, is the error
+    # (ControlFlowError, a GraphStagingError)
+    assert error["ename"] == "ControlFlowError"
+    assert "`other` is bound only when the condition is true" in error["evalue"]
     assert "cell line 3: `if keep.sum() > 0:`" in error["evalue"]
     assert "jnp.where" in error["evalue"]
     assert not any("shardlab/" in line for line in error["traceback"])
