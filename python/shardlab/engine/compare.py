@@ -113,6 +113,8 @@ class CompareReport:
         }
 
     def summary(self) -> str:
+        if self.failure is not None and self.failure.kind == "graph":
+            return f"compare {self.name}: graph mode cannot stage this cell, so it cannot compile"
         if self.failure is not None:
             return f"compare {self.name}: the program does not trace, so it cannot compile"
         failing = [leaf.label for leaf in self.leaves if not leaf.passed]
@@ -293,7 +295,14 @@ def compare(
     """
     name = getattr(fn, "__name__", "fn")
     dynamic, arrays = dynamic_part(fn, args, kwargs)
-    runs = run_three_ways(name, dynamic, arrays, lambda: fn(*args, **kwargs), tolerances)
+    runs = run_three_ways(
+        name,
+        dynamic,
+        arrays,
+        lambda: fn(*args, **kwargs),
+        tolerances,
+        labels_of=lambda tree: output_labels(fn, tree),
+    )
     leaves, seconds, notes, failure = runs
     report = CompareReport(name, leaves, seconds, notes, None, failure)
     if failure is None and (not report.passed or report.differs):

@@ -51,8 +51,9 @@ class CompareMagics(Magics):
         with self.session.graph_body():
             code = shell.transform_cell(cell)
         cell_text = f"%%compare {line}".rstrip() + "\n" + cell
-        filename = shell.compile.cache(cell_text, shell.execution_count)
-        label = f"In [{shell.execution_count}]"
+        number = _cell_number(shell)
+        filename = shell.compile.cache(cell_text, number)
+        label = f"In [{number}]"
         report = compare_cell(
             code,
             shell.user_ns,
@@ -60,7 +61,7 @@ class CompareMagics(Magics):
             line_offset=1,
             cell_text=cell_text,
             name=label,
-            result_label=f"Out[{shell.execution_count}]",
+            result_label=f"Out[{number}]",
         )
         display(report)
         if "--bisect" in options and report.failure is None:
@@ -70,6 +71,16 @@ class CompareMagics(Magics):
                 filename=filename,
                 line_offset=1,
                 name=label,
-                result_label=f"Out[{shell.execution_count}]",
+                result_label=f"Out[{number}]",
             )
             display(found)
+
+
+def _cell_number(shell: Any) -> int:
+    """The number the user sees on this cell (``In [n]``). IPython 9 increments
+    ``execution_count`` before the cell runs; the input history has the cell at its own
+    index either way."""
+    history = getattr(getattr(shell, "history_manager", None), "input_hist_raw", None)
+    if history and history[-1].lstrip().startswith("%%compare"):
+        return len(history) - 1
+    return int(shell.execution_count)
