@@ -28,6 +28,7 @@ from typing import Any
 import jax
 
 from .convert_loops import Runtime
+from .convert_lower import function_def
 from .convert_ops import ControlFlowError, ConversionNote, reverse_ad
 from .convert_pass import RUNTIME, PassResult, convert_block
 
@@ -71,9 +72,10 @@ def _function_node(fn: types.FunctionType) -> tuple[ast.FunctionDef, str]:
     )
     for child in ast.walk(node):  # columns as in the file, for carets under the right text
         if "col_offset" in child._attributes and hasattr(child, "col_offset"):
-            child.col_offset += indent
-            if getattr(child, "end_col_offset", None) is not None:
-                child.end_col_offset += indent
+            setattr(child, "col_offset", getattr(child, "col_offset") + indent)  # noqa: B009,B010
+            end = getattr(child, "end_col_offset", None)
+            if end is not None:
+                setattr(child, "end_col_offset", end + indent)  # noqa: B010
     node.decorator_list = []
     return node, source
 
@@ -116,13 +118,10 @@ def _instantiate(
     closure, defaults and metadata, and ``__sl__`` bound to ``runtime``."""
     free = fn.__code__.co_freevars
     params = [ast.arg(arg=n) for n in (RUNTIME, *free)]
-    factory = ast.FunctionDef(
-        name="__sl_factory",
-        args=ast.arguments(posonlyargs=[], args=params, kwonlyargs=[], kw_defaults=[], defaults=[]),
-        body=[node, ast.Return(value=ast.Name(id=node.name, ctx=ast.Load()))],
-        decorator_list=[],
-        returns=None,
-        type_params=[],
+    factory = function_def(
+        "__sl_factory",
+        ast.arguments(posonlyargs=[], args=params, kwonlyargs=[], kw_defaults=[], defaults=[]),
+        [node, ast.Return(value=ast.Name(id=node.name, ctx=ast.Load()))],
     )
     module = ast.Module(body=[factory], type_ignores=[])
     ast.copy_location(factory, node)

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax._src import source_info_util
+from jax.core import Tracer
 
 from .convert_pass import RETURN_VALUE, Site
 from .errors import GraphStagingError
@@ -92,7 +93,7 @@ class ConversionNote(UserWarning):
 
 
 def _is_traced(value: object) -> bool:
-    return isinstance(value, jax.core.Tracer)
+    return isinstance(value, Tracer)
 
 
 def _is_array(value: object) -> bool:
