@@ -10,7 +10,7 @@ shown; the compiled run and the traces are silent.
 - eager: the cell under ``jax.disable_jit()``;
 - compiled: :func:`shardlab.engine.graph.run_graph_cell` with a private cache (graph mode);
 - traced and float64: the cell as a function of the arrays it reads, traced once
-  (``compare.run_three_ways``).
+  (``compare.run_three_ways``), with its control flow converted as graph mode converts it.
 """
 
 from __future__ import annotations
@@ -26,9 +26,12 @@ from typing import Any
 import jax
 
 from .bisect import BisectReport, bisect
-from .cellsource import analyse_cell
+from .cellsource import FORMAT_NAME, RESULT_NAME, analyse_cell
 from .compare import CompareReport, TraceFailure, _is_array, run_three_ways
-from .graph import GraphCache, GraphStagingError, run_graph_cell
+from .convert_loops import Runtime
+from .convert_ops import Undefined
+from .convert_pass import RUNTIME
+from .graph import DeferredFormat, GraphCache, GraphStagingError, run_graph_cell
 from .numerics import Tolerance
 
 __all__ = ["bisect_cell", "compare_cell"]
@@ -65,6 +68,8 @@ class _Cell:
         analysed = analyse_cell(source, filename=filename, line_offset=line_offset)
         self.reads = analysed.reads
         self.binds = analysed.binds
+        # What graph mode traces: control flow on traced values converted (convert_pass)
+        self.staged = analysed
 
     def namespace(self, namespace: MutableMapping[str, Any]) -> dict[str, Any]:
         copied = dict(namespace)
@@ -73,13 +78,24 @@ class _Cell:
                 copied[name] = _copy(copied[name])
         return copied
 
-    def outputs(self, ns: MutableMapping[str, Any], result_label: str) -> dict[str, Any]:
+    def outputs(
+        self, ns: MutableMapping[str, Any], result_label: str, result: str = _RESULT
+    ) -> dict[str, Any]:
         out = {}
-        for name in (*self.binds, _RESULT):
-            if name in ns:
-                label = result_label if name == _RESULT else name
+        for name in (*self.binds, result):
+            if name in ns and not isinstance(ns[name], Undefined):
+                label = result_label if name == result else name
                 out[label] = ns[name]
         return out
+
+    def staged_namespace(self, namespace: MutableMapping[str, Any]) -> dict[str, Any]:
+        """A copy to trace the converted code in, with the names that code calls."""
+        ns = self.namespace(namespace)
+        ns["__builtins__"] = _silent_builtins()
+        ns[FORMAT_NAME] = DeferredFormat
+        if self.staged.sites:
+            ns[RUNTIME] = Runtime(self.staged.sites, filename=self.staged.filename, strict=False)
+        return ns
 
 
 def _labels(tree: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -111,11 +127,10 @@ def _cell_function(
     }
 
     def cell_function(values: dict[str, Any]) -> dict[str, Any]:
-        ns = cell.namespace(namespace)
-        ns["__builtins__"] = _silent_builtins()
+        ns = cell.staged_namespace(namespace)
         ns.update(values)
-        exec(cell.code, ns)
-        outs = cell.outputs(ns, result_label)
+        exec(cell.staged.code, ns)
+        outs = cell.outputs(ns, result_label, RESULT_NAME)
         return {n: _arrays_only(outs[n]) for n in names if n in outs}
 
     return cell_function, inputs
