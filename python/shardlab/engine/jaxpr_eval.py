@@ -185,6 +185,11 @@ def _apply(eqn: Any, invals: Sequence[Any], *, wide: bool) -> tuple[list[Any], b
         params = eqn.primitive.get_bind_params(eqn.params)
         if wide and name == "reduce_precision":  # the reference keeps full precision
             return [invals[0]], False
+        if wide and name in _CONTROL:
+            try:
+                return _CONTROL[name](eqn.params, [upcast(v) for v in invals]), False
+            except Exception:  # a body whose types do not widen: run it as traced
+                pass
         if wide and name not in _KEEP_DTYPES:
             try:
                 wide_in = [upcast(v) for v in invals]  # bitcast results arrive as float32
@@ -199,6 +204,56 @@ def _apply(eqn: Any, invals: Sequence[Any], *, wide: bool) -> tuple[list[Any], b
             kept = name not in _KEEP_DTYPES and any(_is_low_float(a.aval.dtype) for a in eqn.invars)
             return [upcast(o) for o in outs] if kept else outs, kept
         return outs, False
+
+
+def _body(closed: Any) -> Callable[..., list[Any]]:
+    """A traced body (ClosedJaxpr) as a function evaluated in float64."""
+    return lambda *args: evaluate(closed.jaxpr, closed.consts, args, wide=True).outputs
+
+
+def _cond(params: dict[str, Any], invals: list[Any]) -> list[Any]:
+    branches = [_body(b) for b in params["branches"]]
+    return list(jax.lax.switch(invals[0], branches, *invals[1:]))
+
+
+def _while(params: dict[str, Any], invals: list[Any]) -> list[Any]:
+    nc, nb = params["cond_nconsts"], params["body_nconsts"]
+    cond_consts, body_consts, carry = invals[:nc], invals[nc : nc + nb], invals[nc + nb :]
+    cond, body = _body(params["cond_jaxpr"]), _body(params["body_jaxpr"])
+    return list(
+        jax.lax.while_loop(
+            lambda c: cond(*cond_consts, *c)[0],
+            lambda c: tuple(body(*body_consts, *c)),
+            tuple(carry),
+        )
+    )
+
+
+def _scan(params: dict[str, Any], invals: list[Any]) -> list[Any]:
+    consts_n, carry_n = params["num_consts"], params["num_carry"]
+    consts, carry, xs = (
+        invals[:consts_n],
+        invals[consts_n : consts_n + carry_n],
+        invals[consts_n + carry_n :],
+    )
+    body = _body(params["jaxpr"])
+
+    def step(c: tuple[Any, ...], x: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        out = body(*consts, *c, *x)
+        return tuple(out[:carry_n]), tuple(out[carry_n:])
+
+    final, ys = jax.lax.scan(
+        step, tuple(carry), tuple(xs), length=params["length"], reverse=params["reverse"]
+    )
+    return [*final, *ys]
+
+
+# Loops and conditionals in the reference: their bodies re-traced in float64.
+_CONTROL: dict[str, Callable[[dict[str, Any], list[Any]], list[Any]]] = {
+    "cond": _cond,
+    "while": _while,
+    "scan": _scan,
+}
 
 
 def ancestors(jaxpr: Any, index: int) -> frozenset[int]:
