@@ -260,3 +260,11 @@ def test_graph_cell_unconverted_function_error_suggests_to_static():
 
     with pytest.raises(shardlab.GraphStagingError, match=r"shardlab\.to_static"):
         run_graph_cell("r = helper(x)\n", {"x": X, "helper": helper}, cache=GraphCache())
+
+
+def test_graph_cell_loop_that_prints_keeps_the_cells_print_order(capsys):
+    ns = {"x": jnp.arange(3.0)}
+    source = "print('start')\nfor v in x:\n    print('v', v)\ntotal = x.sum()\nprint('end')\n"
+    run = run_graph_cell(source, ns, cache=GraphCache())
+    assert capsys.readouterr().out.split() == ["start", "v", "0.0", "v", "1.0", "v", "2.0", "end"]
+    assert run.conversions["staged"] == {}  # unrolled over the rows, as before conversion

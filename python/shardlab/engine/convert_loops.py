@@ -122,11 +122,12 @@ class Runtime(CondOps):
         state: tuple[Any, ...],
         names: tuple[str, ...],
         live: tuple[str, ...],
+        unroll: bool = False,
     ) -> tuple[Any, ...]:
         __tracebackhide__ = True
         if isinstance(iterable, _TracedRange):
             return self._range(k, iterable, extra, body, state, names, live)
-        if _is_traced(iterable) and np.ndim(iterable) >= 1:
+        if _is_traced(iterable) and np.ndim(iterable) >= 1 and not unroll:
             try:
                 return self._scan(k, iterable, extra, body, state, names, live)
             except Exception as error:  # the Python loop is correct too: unrolled rows

@@ -136,8 +136,13 @@ class _Functional:
     """Step 2: each ``if``/``while``/``for`` into nested functions over its state and one
     runtime call."""
 
-    def __init__(self, *, declared: dict[str, str], first_site: int = 0) -> None:
+    def __init__(
+        self, *, declared: dict[str, str], first_site: int = 0, print_order: bool = False
+    ) -> None:
         self.declared = declared  # name -> "global" / "nonlocal" (the function's declarations)
+        # A graph cell prints in program order after the run; a print inside lax.scan can
+        # only be a runtime callback, which prints before those: loops that print unroll.
+        self.print_order = print_order
         self.sites: list[Site] = []
         self.first_site = first_site
         self.logic = _Logic(self)
@@ -366,6 +371,7 @@ class _Functional:
                     state,
                     _strings(names, stmt),
                     live_names,
+                    ast.Constant(self.print_order and _prints(body)),
                 ],
                 stmt,
             )
@@ -411,6 +417,19 @@ def _mutated_outer(node: ast.AST, state: list[str]) -> str:
     return ""
 
 
+def _prints(body: list[ast.stmt]) -> bool:
+    """``print(...)`` or ``jax.debug.print(...)`` in ``body``."""
+    for stmt in body:
+        for node in walk_scope(stmt):
+            if isinstance(node, ast.Call):
+                func = node.func
+                if (isinstance(func, ast.Name) and func.id == "print") or (
+                    isinstance(func, ast.Attribute) and func.attr == "print"
+                ):
+                    return True
+    return False
+
+
 def convert_block(
     body: list[ast.stmt],
     *,
@@ -418,11 +437,12 @@ def convert_block(
     live_out: set[str],
     declared: dict[str, str] | None = None,
 ) -> PassResult:
-    """Both steps on a function body (``function=True``) or a cell body."""
+    """Both steps on a function body (``function=True``) or a cell body (whose loops that
+    print stay unrolled over traced arrays, keeping the cell's print order)."""
     body = copy.deepcopy(body)
     lowered = lower_function(body) if function else lower_cell(body)
     annotate_liveness(lowered, live_out)
-    functional = _Functional(declared=declared or {})
+    functional = _Functional(declared=declared or {}, print_order=not function)
     converted = functional.block(lowered)
     module = ast.Module(body=converted, type_ignores=[])
     ast.fix_missing_locations(module)
