@@ -75,3 +75,44 @@ def test_layouts_notebook_saves_static_views(tmp_path):
     # the watch view was updated in place when x2d was rebound
     watch_html = next(h for h in html if "sl-watch" in h)
     assert "P(None, &#x27;model&#x27;)" in watch_html or "P(None, 'model')" in watch_html
+
+
+def test_eager_vs_compiled_notebook_shows_its_story(tmp_path):
+    path = next(p for p in NOTEBOOKS if p.name == "04_eager_vs_compiled.ipynb")
+    notebook = nbformat.read(path, as_version=4)
+    NotebookClient(notebook, timeout=600, kernel_name="shardlab").execute()
+
+    def shown(cell) -> str:
+        return stream_text(cell) + "".join(
+            o.get("data", {}).get("text/plain", "")
+            for o in cell.get("outputs", [])
+            if o.output_type in ("display_data", "execute_result")
+        )
+
+    def after(marker: str) -> str:  # the output of the first code cell containing marker
+        cell = next(c for c in notebook.cells if c.cell_type == "code" and marker in c.source)
+        return shown(cell)
+
+    assert "__sl__.if_stmt" in after("shardlab.converted(loss)")  # the loss converted
+    assert "agree on all 5 output(s)" in after("%%compare\ngrads")  # the whole step agrees
+    assert "graph step: loss" in after("%%graph")
+    assert "Python differs when traced" in after("%%compare\nl = jittery")
+    assert "no equation diverges" in after("shardlab.bisect(jittery_loss")
+    assert "compiled closer to float64" in after("shardlab.compare(bf16_loss,")
+    assert "`convert_element_type`" in after("shardlab.bisect(bf16_loss")
+    assert "Python differs when traced" in after("shardlab.compare(dropout_loss,")
+    assert "`sub` at In [" in after("shardlab.bisect(offset_loss") and "rewrite" in (
+        after("shardlab.bisect(offset_loss")
+    )
+    for fixed in ("scaled_loss", "bf16_loss_fixed", "dropout_loss_keyed", "offset_loss_fixed"):
+        assert "eager and compiled agree" in after(f"def {fixed}"), fixed
+    html = [
+        o["data"]["text/html"]
+        for c in notebook.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if "text/html" in o.get("data", {})
+    ]
+    compares = [h for h in html if "sl-compare" in h]
+    assert len(compares) >= 9 and all("<table" in h for h in compares)  # one row per output
+    assert sum("sl-bisect" in h and "<table" in h for h in html) == 2  # the two found
