@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 
 from shardlab.parallel.graph.opgraph import Node, OpGraph
@@ -146,6 +147,29 @@ def device_memory(
     return DeviceMemoryEstimate(
         parameters=params, outputs=out_bytes, activations=peak, peak=params + out_bytes + peak
     )
+
+
+def expansion_scratch(graph: OpGraph, local: Callable[[int], int]) -> Callable[[int], int]:
+    """Per node, the scratch bytes of an operation the backend expands into several (XLA:CPU's
+    ``SelectAndScatterExpander``): max pooling's gradient (``select_and_scatter_add``) becomes
+    one ``s32`` iota of the operand's shape per dimension, a reduce-window that picks each
+    window's index (``s32[source elements, rank]``) and a scatter into zeros. The iotas and the
+    indices are live together while the indices are formed."""
+
+    def scratch(i: int) -> int:
+        node = graph.nodes[i]
+        if node.primitive != "select_and_scatter_add":
+            return 0
+        source, operand = node.inputs[0], node.inputs[1]
+        rank = len(graph.shapes[operand])
+        elements = 0
+        for v in (source, operand):
+            whole = graph.nbytes(v)
+            count = math.prod(graph.shapes[v])
+            elements += local(v) * count // whole if whole else 0
+        return 4 * rank * elements
+
+    return scratch
 
 
 def held_at_peak(
@@ -344,7 +368,8 @@ def _snapshots(
 def _unplaced(sizes: list[int], extra: int, pending: dict[int, int]) -> int:
     """Bytes of ``sizes`` (descending) and ``extra`` that do not fit, first fit decreasing,
     into the buffers of outputs not yet computed: XLA's buffer assignment places a
-    temporary in an output's allocation when their live ranges do not overlap."""
+    temporary in an output's allocation when their live ranges do not overlap, one value
+    at a time at offset 0 (the rest of a larger output's buffer stays unused)."""
     bins = sorted(pending.values())
     left = 0
     for size in sorted((*sizes, extra), reverse=True) if extra else sizes:
@@ -352,9 +377,7 @@ def _unplaced(sizes: list[int], extra: int, pending: dict[int, int]) -> int:
         if k == len(bins):
             left += size
             continue
-        room = bins.pop(k) - size
-        if room:
-            bisect.insort(bins, room)
+        bins.pop(k)  # one value per output buffer at a time, at its start
     return left
 
 

@@ -16,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from shardlab.parallel.arguments import eval_shape
 from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.cost.combine import combine_all_reduces
-from shardlab.parallel.cost.memory import device_memory
+from shardlab.parallel.cost.memory import device_memory, expansion_scratch
 from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile
 from shardlab.parallel.cost.propagate import Propagation, propagate
 from shardlab.parallel.graph.opgraph import Node, OpGraph
@@ -52,8 +52,14 @@ def _constraint_layouts(
     return out
 
 
-def memory_estimate(graph: OpGraph, prop: Propagation, sizes: Mapping[str, int]):
-    """Per-device arguments, outputs and temp (``memory_model.device_memory``), and peak."""
+def memory_estimate(
+    graph: OpGraph,
+    prop: Propagation,
+    sizes: Mapping[str, int],
+    profile: DeviceProfile | None = None,
+):
+    """Per-device arguments, outputs and temp (``memory_model.device_memory``), and peak;
+    ``profile`` says which operations the backend expands with scratch buffers."""
 
     def local(v: int) -> int:
         dims = prop.layouts[v] or L.replicated(len(graph.shapes[v]))
@@ -67,7 +73,13 @@ def memory_estimate(graph: OpGraph, prop: Propagation, sizes: Mapping[str, int])
     def extra(v: int) -> int:  # copies in the other layouts its consumers needed
         return sum(L.local_bytes(graph.nbytes(v), lay, sizes) for lay in prop.copies.get(v, ()))
 
-    return device_memory(graph, prop.live, local, extra, transient=lambda i: reduced.get(i, 0))
+    scratch = expansion_scratch(graph, local)
+    expands = profile is not None and profile.expands_select_and_scatter
+
+    def transient(i: int) -> int:
+        return reduced.get(i, 0) + (scratch(i) if expands else 0)
+
+    return device_memory(graph, prop.live, local, extra, transient=transient)
 
 
 def layout_cost(
@@ -97,7 +109,7 @@ def layout_cost(
         profile,
         flops=prop.flops,
         compute_time=prop.compute_time,
-        memory=memory_estimate(graph, prop, sizes),
+        memory=memory_estimate(graph, prop, sizes, profile),
         warnings=tuple(dict.fromkeys(prop.warnings)),
     )
     return cost, prop

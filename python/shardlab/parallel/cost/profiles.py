@@ -70,6 +70,9 @@ class DeviceProfile(_Record):
             some kinds, e.g. XLA:CPU's all-gather and all-to-all).
         forms_reduce_scatter: whether the backend turns all-reduce + dynamic-slice into a
             reduce-scatter (XLA:CPU does not; GPU and TPU do).
+        expands_select_and_scatter: whether the backend rewrites max pooling's gradient
+            into iotas, a reduce-window and a scatter, with scratch buffers for the indices
+            (XLA:CPU does; GPU and TPU have a native kernel).
         source: where the numbers come from.
     """
 
@@ -82,6 +85,7 @@ class DeviceProfile(_Record):
     axis_bandwidth: Mapping[str, float] = dataclasses.field(default_factory=dict)
     kind_bandwidth: Mapping[str, float] = dataclasses.field(default_factory=dict)
     forms_reduce_scatter: bool = True
+    expands_select_and_scatter: bool = False
     source: str = ""
 
     def bandwidth(self, axes: tuple[str, ...], kind: str | None = None) -> float:
@@ -124,6 +128,7 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
             link_latency=10e-6,
             kind_bandwidth={"all-gather": 1.2e9, "all-to-all": 0.35e9, "collective-permute": 1.2e9},
             forms_reduce_scatter=False,
+            expands_select_and_scatter=True,
             source="nominal figures for simulated CPU devices sharing one host (memcpy-bound); "
             "memory bandwidth set so the roofline ridge matches the measured ratio of a "
             "weight-streaming to a compute-bound matmul on a 2-core host; all-gather and "

@@ -21,7 +21,7 @@ from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.cost.memory import Liveness, liveness, traffic
 from shardlab.parallel.cost.profiles import DeviceProfile, wire_bytes
 from shardlab.parallel.graph.opgraph import Node, OpGraph, live_nodes
-from shardlab.parallel.graph.rules import OpRule, rule_for
+from shardlab.parallel.graph.rules import ELEMENTWISE, OpRule, rule_for
 from shardlab.parallel.records import Collective
 
 # Linear, size-preserving ops a pending partial sum passes through unreduced.
@@ -210,7 +210,16 @@ class _Propagator:
         self.seconds += self.profile.op_time(rule.flops / used, nbytes) * self.count
 
     def choose(self, node: Node, rule: OpRule) -> dict[int, tuple[str, ...]]:
-        order = sorted(range(len(node.inputs)), key=lambda i: (-self.g.nbytes(node.inputs[i]), i))
+        def rank(i: int) -> tuple[int, int, int]:
+            v = node.inputs[i]
+            # Of equal-sized operands of an elementwise op, the most finely split leads (as
+            # XLA's propagation takes the most specific operand sharding): slicing the others
+            # is free, gathering it is not.
+            split = L.shard_count(self.layout(v), self.sizes) if elementwise else 1
+            return (-self.g.nbytes(v), -split, i)
+
+        elementwise = node.primitive in ELEMENTWISE
+        order = sorted(range(len(node.inputs)), key=rank)
         chosen: dict[int, tuple[str, ...]] = {}
         used: set[str] = set()
         proposals = [
@@ -323,15 +332,21 @@ def propagate(
     live = p.run(constraints or {})
     p.node = None
     targets = output_layouts or [None] * len(graph.outputs)
+    computed: dict[int, L.DimAxes] = {}  # output -> the layout it was computed in
     for v, target in zip(graph.outputs, targets, strict=True):
         if target is not None:
+            if v not in computed and p.layout(v) != target:
+                computed[v] = p.layout(v)
             p.reshard(v, target)
             p.lay[v] = target
         else:
             p.resolve_partial(v)
     copies: dict[int, set[L.DimAxes]] = {}
     for var, target in p.cache:
-        copies.setdefault(var, set()).add(target)
+        # An output resharded into its final layout: that copy is the output buffer, and the
+        # buffer it was computed in is the one held in temp.
+        lay = computed.get(var, target) if target == p.lay[var] else target
+        copies.setdefault(var, set()).add(lay)
     return Propagation(
         p.lay, p.out, p.flops, p.warnings, live, p.spans, p.collective_nodes, p.seconds, copies
     )

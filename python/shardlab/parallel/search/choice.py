@@ -18,7 +18,13 @@ import numpy as np
 
 from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.cost.combine import combine_all_reduces
-from shardlab.parallel.cost.memory import Liveness, device_memory, held_at_peak, liveness
+from shardlab.parallel.cost.memory import (
+    Liveness,
+    device_memory,
+    expansion_scratch,
+    held_at_peak,
+    liveness,
+)
 from shardlab.parallel.cost.profiles import wire_bytes
 from shardlab.parallel.graph.rules import RULES
 from shardlab.parallel.plan.binding import Binding
@@ -69,7 +75,10 @@ def _memory_parts(space: Space, choice: list[int]):
         return L.local_bytes(g.nbytes(v), lay, sizes)
 
     def extra(v: int) -> int:
-        return sum(L.local_bytes(g.nbytes(v), lay, sizes) for lay in copies.get(v, ()))
+        held = sum(L.local_bytes(g.nbytes(v), lay, sizes) for lay in copies.get(v, ()))
+        if final.get(v) is not None and final[v] != lays.get(v):
+            held += local(v)  # computed in another layout, resharded into its output buffer
+        return held
 
     partial_bytes: dict[int, int] = {}
     for u in space.units:
@@ -81,8 +90,11 @@ def _memory_parts(space: Space, choice: list[int]):
                 for v, lay in zip(node.outputs, cand.outs, strict=False)
             )
 
-    def transient(i: int) -> int:  # the unreduced buffer of an all-reduced partial sum
-        return partial_bytes.get(i, 0)
+    scratch = expansion_scratch(g, local) if space.profile.expands_select_and_scatter else None
+
+    def transient(i: int) -> int:
+        # the unreduced buffer of an all-reduced partial sum, and any expansion's scratch
+        return partial_bytes.get(i, 0) + (scratch(i) if scratch else 0)
 
     return local, extra, output_local, transient
 
