@@ -119,7 +119,8 @@ def _key(value: object, path: str, depth: int, budget: _Budget, seen: set[int]) 
         return (type(value).__name__, value)
     if isinstance(value, (jax.Array, np.ndarray)):
         return ("array", id(value), np.shape(value), str(getattr(value, "dtype", "")))
-    if isinstance(value, _OPAQUE):
+    if isinstance(value, _OPAQUE) or type(value).__module__.startswith("shardlab.engine."):
+        # the engine's own objects (converted code's ``__sl__`` runtime) are not user state
         return ("id", id(value))
     if id(value) in seen:
         return ("cycle", id(value))
