@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .cluster_magic import ClusterMagics
 from .compare_magic import CompareMagics
 from .magics import ShardlabMagics
 from .session import ShardlabSession, attach, detach, session_of
@@ -31,6 +32,7 @@ def register(shell: Any) -> ShardlabSession:
     shell.events.register("post_run_cell", session.post_run_cell)
     shell.register_magics(ShardlabMagics(shell, session=session))
     shell.register_magics(CompareMagics(shell, session=session))
+    shell.register_magics(ClusterMagics(shell, session=session))
     status.register_target()
     return session
 

@@ -1,0 +1,651 @@
+"""A local cluster: ipyparallel engines joined by ``jax.distributed``, and their health.
+
+The notebook's kernel is only the controller: it starts an ipyparallel controller and ``n``
+engines (all listening on 127.0.0.1), sends every engine :func:`.worker.initialize` at once
+(process 0 hosts JAX's coordinator on a free loopback port) and watches the engine processes.
+It never joins the distributed runtime itself: when a peer dies, JAX aborts the surviving
+processes (SIGABRT, not a Python exception), and that must never be the user's kernel.
+
+Any engine's death is the cluster's death (JAX's runtime cannot lose a process): a watcher
+thread notices it within :data:`POLL_S`, kills the other engines and the controller, and the
+next call (or the cell waiting on the engines) raises :class:`ProcessDied` with the message
+the user acts on. ipyparallel is imported when a cluster starts (it imports IPython).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+POLL_S = 0.25  # how often the watcher looks at the engine processes
+STOP_GRACE_S = 3.0  # how long engines may take to shut down before they are killed
+RESTART_HINT = "`%cluster restart`"
+# ipyparallel's own engine log lines and gloo's connection notices: not what killed a process.
+_LOG_NOISE = re.compile(r"\[(IPEngine|KernelNanny)(\.\d+)?\]|^\[Gloo\]")
+_GLOO_NOTICE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
+
+
+class ClusterError(RuntimeError):
+    """A cluster that cannot start, is not running, or failed."""
+
+
+class ProcessDied(ClusterError):
+    """An engine process exited: the whole cluster is stopped."""
+
+    def __init__(self, process_id: int, exit_code: int | None, log_tail: str = "") -> None:
+        self.process_id = process_id
+        self.exit_code = exit_code
+        self.log_tail = log_tail
+        how = _exit_text(exit_code)
+        text = f"process {process_id} died{how}; the cluster is stopped; {RESTART_HINT}"
+        if log_tail:
+            text += f"\nlast lines of process {process_id}'s log:\n{log_tail}"
+        super().__init__(text)
+
+
+class CellTimeout(ClusterError):
+    """A cell ran past its timeout on some processes (a stuck collective, a hang)."""
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return ""
+    if code < 0:
+        try:
+            return f" (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return f" (killed by signal {-code})"
+    return f" (exit code {code})"
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One engine of the cluster, as it describes itself (:func:`.worker.describe`)."""
+
+    process_id: int
+    engine_id: int
+    pid: int
+    platform: str
+    local_devices: tuple[int, ...]
+    global_devices: int
+    live_bytes: int
+    rss: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """What ``%cluster status`` shows."""
+
+    state: str  # "running", "stopped" or "died"
+    processes: tuple[ProcessInfo, ...] = ()
+    coordinator: str = ""
+    devices: tuple[str, ...] = ()  # per process: cpu:4, gpu:0 ...
+    message: str = ""  # why it stopped, for "died"
+    listeners: tuple[str, ...] = ()  # ip:port of every listening socket of the cluster
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def text(self) -> str:
+        if self.state != "running":
+            head = f"cluster: {self.state}"
+            return head + (f" — {self.message}" if self.message else "")
+        lines = [
+            f"cluster: running, {len(self.processes)} processes, coordinator {self.coordinator}, "
+            f"{self.processes[0].global_devices if self.processes else 0} devices",
+        ]
+        for info in self.processes:
+            devices = ",".join(map(str, info.local_devices))
+            lines.append(
+                f"  process {info.process_id}: pid {info.pid}, {self.devices[info.process_id]} "
+                f"({info.platform} devices {devices}), live {info.live_bytes:,} bytes, "
+                f"rss {info.rss / 2**20:.0f} MiB"
+            )
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ProcessOutput:
+    """What one process's run of a cell produced."""
+
+    process_id: int
+    stdout: str = ""
+    stderr: str = ""
+    outputs: tuple[dict[str, Any], ...] = ()  # display_data contents (data, metadata)
+    result: dict[str, Any] | None = None  # the execute_result content, if any
+    error: tuple[str, str, str] | None = None  # ename, evalue, traceback text
+
+
+@dataclass
+class _Engine:
+    process_id: int
+    engine_id: int
+    launcher: Any  # ipyparallel's LocalEngineLauncher
+    devices: str
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the coordinator binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def device_sets(
+    n: int, *, devices_per_process: int | None = None, gpus: str | None = None
+) -> list[str]:
+    """Each process's device set: ``cpu:4`` each, or its share of ``gpus``.
+
+    ``gpus``: ``0,1,2,3`` (split in order, the same number to each process) or
+    ``per-process`` (process ``i`` sees GPU ``i``).
+    """
+    if n < 1:
+        raise ClusterError(f"-n {n}: a cluster needs at least 1 process")
+    if gpus is None:
+        count = 1 if devices_per_process is None else devices_per_process
+        if count < 1:
+            raise ClusterError(f"--devices-per-process {count}: give 1 or more")
+        return [f"cpu:{count}"] * n
+    if devices_per_process is not None:
+        raise ClusterError("give --devices-per-process (CPU) or --gpus, not both")
+    if gpus == "per-process":
+        return [f"gpu:{i}" for i in range(n)]
+    try:
+        ids = [int(g) for g in gpus.split(",")]
+    except ValueError:
+        raise ClusterError(f"--gpus {gpus!r}: use a list such as 0,1 or per-process") from None
+    if len(ids) % n:
+        raise ClusterError(
+            f"--gpus {gpus}: {len(ids)} GPUs do not split evenly over {n} processes; "
+            f"give a multiple of {n} GPUs, or --gpus per-process"
+        )
+    each = len(ids) // n
+    return ["gpu:" + ",".join(map(str, ids[i * each : (i + 1) * each])) for i in range(n)]
+
+
+@dataclass
+class LocalCluster:
+    """``n`` engines on this host, each one JAX process of one distributed runtime.
+
+    Args:
+        n: number of processes.
+        devices: each process's device set (:func:`device_sets`).
+        init_timeout_s: how long processes wait for each other at start.
+        heartbeat_timeout_s: after how long without heartbeats JAX declares a peer dead
+            (the watcher here is faster for a process that exits; this bounds the rest).
+        engine_timeout_s: how long to wait for the engines to register.
+    """
+
+    n: int
+    devices: Sequence[str]
+    init_timeout_s: int = 30
+    heartbeat_timeout_s: int = 10
+    engine_timeout_s: int = 60
+    coordinator: str = ""
+    _cluster: Any = None
+    _client: Any = None
+    _view: Any = None
+    _engines: list[_Engine] = field(default_factory=list)
+    _helpers: list[int] = field(default_factory=list)  # the engines' own children (nannies)
+    _profile_dir: str = ""
+    _death: ProcessDied | None = None
+    _stopping: threading.Event = field(default_factory=threading.Event)
+    _watcher: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    # Told the death message from the watcher thread, as soon as it is known.
+    on_death: Callable[[str], None] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._client is not None and self._death is None
+
+    # -- start and stop -------------------------------------------------------------------
+    def start(self) -> ClusterStatus:
+        """Starts the controller and engines and joins them into one JAX runtime."""
+        import ipyparallel as ipp
+
+        if len(self.devices) != self.n:
+            raise ClusterError(f"{len(self.devices)} device sets for {self.n} processes")
+        self._profile_dir = tempfile.mkdtemp(prefix="shardlab-cluster-")
+        os.makedirs(os.path.join(self._profile_dir, "log"), exist_ok=True)
+        self._cluster = ipp.Cluster(
+            n=self.n,
+            parent=None,
+            profile_dir=self._profile_dir,
+            load_profile=False,
+            controller_ip="127.0.0.1",
+            controller_location="127.0.0.1",
+            engine_timeout=self.engine_timeout_s,
+            log_level=logging.WARNING,
+            shutdown_atexit=False,  # stop() and an atexit hook here kill by pid
+        )
+        try:
+            self._cluster.start_controller_sync()
+            self._cluster.start_engines_sync(n=self.n)
+            self._client = self._cluster.connect_client_sync()
+            self._client.wait_for_engines(self.n, timeout=self.engine_timeout_s)
+            self._join()
+        except BaseException:
+            self._kill_all()
+            self._cleanup()
+            raise
+        self._watcher = threading.Thread(target=self._watch, name="shardlab-cluster-watch")
+        self._watcher.daemon = True
+        self._watcher.start()
+        return self.status()
+
+    def _join(self) -> None:
+        """Maps engines to process ids and initialises ``jax.distributed`` on all of them."""
+        client = self._client
+        engine_ids = sorted(client.ids)[: self.n]
+        pids = {eid: client[eid].apply_sync(os.getpid) for eid in engine_ids}
+        launchers = {
+            el.pid: el
+            for engine_set in self._cluster.engines.values()
+            for el in engine_set.launchers.values()
+        }
+        self._engines = [
+            _Engine(rank, eid, launchers.get(pids[eid]), self.devices[rank])
+            for rank, eid in enumerate(engine_ids)
+        ]
+        self._helpers = _children([e.launcher.pid for e in self._engines if e.launcher])
+        atexit.register(self._kill_all)
+        self._view = client[engine_ids]
+        self._view.block = False
+        self.coordinator = f"127.0.0.1:{free_loopback_port()}"
+        results = []
+        for engine in self._engines:
+            results.append(
+                client[engine.engine_id].apply_async(
+                    _initialize_remote,
+                    process_id=engine.process_id,
+                    num_processes=self.n,
+                    coordinator=self.coordinator,
+                    devices=engine.devices,
+                    init_timeout_s=self.init_timeout_s,
+                    heartbeat_timeout_s=self.heartbeat_timeout_s,
+                    parent_pid=os.getpid(),
+                )
+            )
+        deadline = time.monotonic() + self.init_timeout_s + 30
+        for engine, result in zip(self._engines, results, strict=True):
+            remaining = deadline - time.monotonic()
+            try:
+                result.get(timeout=max(remaining, 1))
+            except Exception as error:
+                raise ClusterError(
+                    f"process {engine.process_id} could not join the JAX runtime at "
+                    f"{self.coordinator}: {_short(error)}\n{self._log_tail(engine)}"
+                ) from None
+
+    def execute(self, code: str, *, timeout_s: float = 60) -> None:
+        """Runs setup ``code`` on every engine (silently), raising on the first error."""
+        self._check()
+        result = self._view.execute(code, silent=True, block=False)
+        self._wait(result, timeout_s=timeout_s)
+        outputs = self._outputs(result)
+        failed = [o for o in outputs if o.error is not None]
+        if failed:
+            first = failed[0]
+            assert first.error is not None
+            raise ClusterError(f"process {first.process_id}: {first.error[0]}: {first.error[1]}")
+
+    def stop(self) -> None:
+        """Stops engines and controller; leaves no process behind.
+
+        A live cluster is asked to shut down (engines first, then the controller); what is
+        still there after :data:`STOP_GRACE_S` is killed. ipyparallel's own ``stop_cluster``
+        is not used: it waits on engines that may already be gone.
+        """
+        self._stopping.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(timeout=5)
+        if self._death is None and self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.shutdown(targets="all", hub=True, block=False)
+            deadline = time.monotonic() + STOP_GRACE_S
+            while time.monotonic() < deadline and any(_running(p) for p in self.pids()):
+                time.sleep(0.05)
+        self._kill_all()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        with contextlib.suppress(Exception):
+            if self._client is not None:
+                self._client.close()
+        self._client = None
+        if self._profile_dir:
+            shutil.rmtree(self._profile_dir, ignore_errors=True)
+
+    def pids(self) -> list[int]:
+        """The engines' and the controller's process ids."""
+        found = [e.launcher.pid for e in self._engines if e.launcher is not None]
+        found += self._helpers
+        controller = getattr(self._cluster, "controller", None)
+        if controller is not None and getattr(controller, "pid", None):
+            found.append(controller.pid)
+        return found
+
+    def _kill_all(self) -> None:
+        """SIGKILLs every process of the cluster that is still there (by pid, no names)."""
+        import psutil
+
+        for pid in self.pids():
+            with contextlib.suppress(psutil.Error):
+                process = psutil.Process(pid)
+                for child in process.children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        child.kill()
+                process.kill()
+        for pid in self.pids():
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).wait(timeout=5)
+
+    # -- health ---------------------------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._stopping.wait(POLL_S):
+            for engine in self._engines:
+                code = _exit_code(engine.launcher)
+                if code is not False:
+                    self._died(engine, code)
+                    return
+
+    def _died(self, engine: _Engine, code: int | None) -> None:
+        with self._lock:
+            if self._death is not None:
+                return
+            self._death = ProcessDied(engine.process_id, code, self._log_tail(engine))
+        self._stopping.set()
+        self._kill_all()
+        if self.on_death is not None:
+            with contextlib.suppress(Exception):
+                self.on_death(str(self._death).splitlines()[0])
+
+    def _check(self) -> None:
+        """Raises what stopped the cluster, if anything did."""
+        if self._death is not None:
+            raise self._death
+        if self._client is None:
+            raise ClusterError(f"the cluster is stopped; {RESTART_HINT}")
+
+    @property
+    def died(self) -> ProcessDied | None:
+        return self._death
+
+    def _log_tail(self, engine: _Engine, lines: int = 6) -> str:
+        launcher = engine.launcher
+        path = getattr(launcher, "output_file", "") if launcher is not None else ""
+        try:
+            with open(path, errors="replace") as log:
+                text = log.read()
+        except OSError:
+            return ""
+        wanted = [
+            line for line in text.splitlines() if line.strip() and not _LOG_NOISE.search(line)
+        ]
+        return "\n".join("  " + line for line in wanted[-lines:])
+
+    # -- running cells --------------------------------------------------------------------
+    def run(
+        self,
+        code: str,
+        *,
+        timeout_s: float | None = None,
+        on_stdout: Callable[[int, str], None] | None = None,
+        interrupt_grace_s: float = 3.0,
+    ) -> list[ProcessOutput]:
+        """Runs ``code`` on every process (as a cell: its last expression is its result).
+
+        ``on_stdout(process_id, text)`` is called with output as it arrives. With
+        ``timeout_s``, a cell still running then is interrupted (SIGINT to the engines that
+        have not answered); if they still do not answer within ``interrupt_grace_s`` (a
+        collective in C++ does not see the signal), the cluster is stopped.
+
+        Raises:
+            ProcessDied: an engine exited before or while the cell ran.
+            CellTimeout: the cell ran past ``timeout_s``.
+        """
+        self._check()
+        result = self._view.execute(code, silent=False, block=False)
+        self._wait(result, timeout_s=timeout_s, on_stdout=on_stdout, grace_s=interrupt_grace_s)
+        return self._outputs(result)
+
+    def _wait(
+        self,
+        result: Any,
+        *,
+        timeout_s: float | None,
+        on_stdout: Callable[[int, str], None] | None = None,
+        grace_s: float = 3.0,
+    ) -> None:
+        started = time.monotonic()
+        seen = [0] * len(self._engines)
+        interrupted_at: float | None = None
+        try:
+            while True:
+                done = result.ready()
+                if on_stdout is not None:
+                    for i, text in enumerate(result.stdout):
+                        if len(text) > seen[i]:
+                            self._emit(on_stdout, i, text, seen)
+                if done:
+                    with contextlib.suppress(Exception):
+                        result.wait_for_output(timeout=2)
+                    if on_stdout is not None:
+                        for i, text in enumerate(result.stdout):
+                            if len(text) > seen[i]:
+                                tail = "" if text.endswith("\n") else "\n"
+                                self._emit(on_stdout, i, text + tail, seen)
+                    return
+                if self._death is not None:
+                    raise self._death
+                elapsed = time.monotonic() - started
+                if timeout_s is not None and elapsed > timeout_s:
+                    waiting = self._unanswered(result)
+                    if interrupted_at is None:
+                        interrupted_at = time.monotonic()
+                        self._signal(waiting, signal.SIGINT)
+                    elif time.monotonic() - interrupted_at > grace_s:
+                        names = ", ".join(str(p) for p in waiting)
+                        self._stopping.set()
+                        self._kill_all()
+                        self._death = None
+                        self._client = None
+                        raise CellTimeout(
+                            f"the cell ran past its timeout of {timeout_s:g} s: process(es) "
+                            f"{names} did not answer, even to an interrupt (a collective "
+                            f"waiting for a peer); the cluster is stopped; {RESTART_HINT}"
+                        )
+                result.wait(timeout=0.1)
+        except KeyboardInterrupt:
+            # the user interrupted the notebook: interrupt the engines too, and wait briefly
+            self._signal(self._unanswered(result), signal.SIGINT)
+            with contextlib.suppress(Exception):
+                result.wait(timeout=grace_s)
+            raise
+
+    def _emit(
+        self, on_stdout: Callable[[int, str], None], i: int, text: str, seen: list[int]
+    ) -> None:
+        """Passes on process ``i``'s new complete lines (a partial line waits for its end)."""
+        end = text.rfind("\n", seen[i]) + 1
+        if end <= seen[i]:
+            return
+        chunk = clean_stdout(text[seen[i] : end])
+        seen[i] = end
+        if chunk:
+            on_stdout(self._engines[i].process_id, chunk)
+
+    def _unanswered(self, result: Any) -> list[int]:
+        waiting = []
+        for engine, child in zip(self._engines, getattr(result, "_children", []), strict=False):
+            if not child.done():
+                waiting.append(engine.process_id)
+        return waiting or [e.process_id for e in self._engines]
+
+    def _signal(self, process_ids: Sequence[int], signum: int) -> None:
+        for engine in self._engines:
+            if engine.process_id in process_ids and engine.launcher is not None:
+                with contextlib.suppress(Exception):
+                    os.kill(engine.launcher.pid, signum)
+
+    def _outputs(self, result: Any) -> list[ProcessOutput]:
+        outputs = []
+        for engine, meta in zip(self._engines, result._metadata, strict=True):
+            error = None
+            raw = meta.get("error")
+            if raw is not None:
+                error = (
+                    getattr(raw, "ename", type(raw).__name__),
+                    getattr(raw, "evalue", str(raw)),
+                    getattr(raw, "traceback", "") or "",
+                )
+            outputs.append(
+                ProcessOutput(
+                    process_id=engine.process_id,
+                    stdout=clean_stdout(meta.get("stdout", "")),
+                    stderr=meta.get("stderr", ""),
+                    outputs=tuple(meta.get("outputs", ())),
+                    result=meta.get("execute_result"),
+                    error=error,
+                )
+            )
+        return outputs
+
+    def pull(self, name: str, *, process_id: int = 0) -> Any:
+        """The value of ``name`` in process ``process_id``'s namespace (pickled across)."""
+        self._check()
+        engine = self._engines[process_id]
+        return self._client[engine.engine_id].pull(name, block=True)
+
+    # -- status ---------------------------------------------------------------------------
+    def status(self) -> ClusterStatus:
+        if self._death is not None:
+            return ClusterStatus("died", message=str(self._death).splitlines()[0])
+        if self._client is None:
+            return ClusterStatus("stopped")
+        described = self._view.apply_async(_describe_remote)
+        self._wait(described, timeout_s=30)
+        infos = [
+            ProcessInfo(
+                process_id=d["process_id"],
+                engine_id=engine.engine_id,
+                pid=d["pid"],
+                platform=d["platform"],
+                local_devices=tuple(d["local_devices"]),
+                global_devices=d["global_devices"],
+                live_bytes=d["live_bytes"],
+                rss=d["rss"],
+            )
+            for engine, d in zip(self._engines, described.get(), strict=True)
+        ]
+        return ClusterStatus(
+            "running",
+            processes=tuple(infos),
+            coordinator=self.coordinator,
+            devices=tuple(self.devices),
+            listeners=tuple(listeners(self.pids())),
+        )
+
+
+def listeners(pids: Sequence[int]) -> list[str]:
+    """``ip:port`` of every listening TCP socket of the processes ``pids``."""
+    import psutil
+
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            for conn in psutil.Process(pid).net_connections("inet"):
+                if conn.status == psutil.CONN_LISTEN:
+                    found.append(f"{conn.laddr.ip}:{conn.laddr.port}")
+    return sorted(found)
+
+
+def _running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _children(pids: Sequence[int]) -> list[int]:
+    import psutil
+
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            found += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    return found
+
+
+def clean_stdout(text: str) -> str:
+    """Drops gloo's connection notices, which its C++ code prints on every engine."""
+    if "[Gloo]" not in text:
+        return text
+    return "".join(line for line in text.splitlines(True) if not _GLOO_NOTICE.match(line))
+
+
+def _exit_code(launcher: Any) -> int | bool | None:
+    """False while the engine process runs; else its exit code (negative: signal), or
+    None when unknown."""
+    if launcher is None:
+        return False
+    process = launcher.process
+    try:
+        if process.is_running() and process.status() != "zombie":
+            return False
+    except Exception:
+        pass
+    try:
+        return process.wait(timeout=0)
+    except Exception:
+        return None
+
+
+def _short(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[-1] if text else type(error).__name__
+
+
+# These two run on the engines (ipyparallel pickles them by reference to this module).
+def _initialize_remote(**kwargs: Any) -> dict[str, Any]:
+    from shardlab.cluster import worker
+
+    return worker.initialize(**kwargs)
+
+
+def _describe_remote() -> dict[str, Any]:
+    from shardlab.cluster import worker
+
+    return worker.describe()
+
+
+__all__ = [
+    "CellTimeout",
+    "ClusterError",
+    "ClusterStatus",
+    "LocalCluster",
+    "ProcessDied",
+    "ProcessInfo",
+    "ProcessOutput",
+    "device_sets",
+    "free_loopback_port",
+    "listeners",
+]
