@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding, PartitionSpec
 
 import shardlab
+from shardlab.parallel.display import function_name
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.mesh import mesh as make_mesh
 from shardlab.parallel.plan import io as plan_io
@@ -129,7 +130,9 @@ def _check_code(plan: Plan) -> ast.Module:
         elif isinstance(node, ast.Attribute):
             assert _dotted(node) in _ATTRIBUTES, ast.dump(node)
         elif isinstance(node, ast.Name):
-            assert node.id in _NAMES, node.id
+            # the function by the name the user bound it to (a checked identifier)
+            own = function_name(plan.binding.traced.fn) if plan.binding is not None else None
+            assert node.id in _NAMES or node.id == own, node.id
         elif isinstance(node, ast.keyword):
             assert node.arg in {"in_shardings", "out_shardings", "is_leaf"} | axes, node.arg
         elif isinstance(node, ast.Constant):
@@ -139,6 +142,9 @@ def _check_code(plan: Plan) -> ast.Module:
     imports = [s for s in tree.body if isinstance(s, (ast.Import, ast.ImportFrom))]
     assert [_import_text(s) for s in imports] == _IMPORTS
     assert len(tree.body) == 8  # 3 imports, mesh, def _named, in/out shardings, step
+    # the function is called by its global name, or the placeholder ``fn``
+    step = tree.body[-1].value  # type: ignore[attr-defined]
+    assert isinstance(step, ast.Call) and _dotted(step.func) == "jax.jit"
     # the mesh and the specs are the plan's
     mesh_call = tree.body[3].value  # type: ignore[attr-defined]
     assert isinstance(mesh_call, ast.Call)
@@ -369,7 +375,7 @@ def test_to_code_escapes_an_in_memory_plan(plans, monkeypatch):
     # and running the code (what a user who pastes it does) does not run the injected call
     calls: list[Any] = []
     monkeypatch.setattr(os, "system", lambda *a: calls.append(a))
-    namespace: dict[str, Any] = {"fn": _f}
+    namespace: dict[str, Any] = {"fn": _f, "_f": _f}  # called by its global name
     exec(compile(code, "<plan>", "exec"), namespace)
     assert calls == []
     assert isinstance(namespace["in_shardings"][0]["w1"], NamedSharding)

@@ -10,6 +10,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from shardlab.parallel.display import cost_text, html_of, report_text
+
 COLLECTIVE_KINDS = (
     "all-reduce",
     "all-gather",
@@ -135,6 +137,12 @@ class Report(_Communicates, _Record):
     bytes_accessed: float = 0.0
     hlo: str = dataclasses.field(repr=False, default="")
 
+    def __repr__(self) -> str:
+        return report_text(self)
+
+    def _repr_html_(self) -> str:
+        return html_of("report", self)
+
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
         out.pop("hlo")
@@ -252,6 +260,12 @@ class CostBreakdown(_Communicates, _Record):
     def time(self) -> float:
         """Compute plus communication time, with no overlap assumed."""
         return self.compute_time + self.comm_time
+
+    def __repr__(self) -> str:
+        return cost_text(self)
+
+    def _repr_html_(self) -> str:
+        return html_of("cost", self)
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()

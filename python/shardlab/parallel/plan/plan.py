@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import keyword
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,11 +24,28 @@ from shardlab.parallel.arguments import abstract_args, place, split
 from shardlab.parallel.compiled.analyze import analyze
 from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.cost.profiles import comm_time
+from shardlab.parallel.display import (
+    PlanTable,
+    function_name,
+    html_of,
+    human_bytes,
+    human_time,
+    mesh_text,
+)
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.graph.trace import Traced, trace
+from shardlab.parallel.labels import path_label, source_label
 from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.plan.binding import Binding, checked_binding
-from shardlab.parallel.plan.io import FORMAT, comment, mesh_code, parse_json, plan_fields, spec_code
+from shardlab.parallel.plan.io import (
+    FORMAT,
+    comment,
+    mesh_code,
+    parse_json,
+    plan_fields,
+    short,
+    spec_code,
+)
 from shardlab.parallel.records import CostBreakdown, PlanRow, Report, _Record
 from shardlab.parallel.specs import make_spec
 
@@ -234,32 +252,76 @@ class Plan(_Record):
         )
 
     # -- views ---------------------------------------------------------------------------
-    def table(self, limit: int | None = 40) -> str:
-        """Per operation: the chosen split, its cost and the alternatives considered."""
-        lines = [
-            f"plan ({self.method}) on mesh {self.mesh_shape}: predicted "
-            f"{self.cost.time * 1e3:.3f} ms (comm {self.cost.comm_time * 1e3:.3f} ms), "
-            f"{self.cost.memory.peak / 2**20:.2f} MiB/device",
-            "| op | where | chosen | cost (µs) | alternatives (µs) |",
-            "|---|---|---|---|---|",
-        ]
-        rows = sorted(self.rows, key=lambda r: -r.cost)
-        for r in rows[:limit] if limit else rows:
-            alts = ", ".join(f"{a} {c * 1e6:.2f}" for a, c in r.alternatives) or "-"
-            lines.append(f"| {r.op} | {r.where} | {r.chosen} | {r.cost * 1e6:.2f} | {alts} |")
-        if not self.rows:
-            lines.append("| - | - | fixed strategy (no search) | - | - |")
-        lines.extend(f"note: {n}" for n in self.notes)
-        return "\n".join(lines)
+    @property
+    def input_labels(self) -> tuple[str, ...]:
+        """Per flat argument leaf, its path as the user indexes it
+        (``params["blocks"][3]["w1"]``, ``batch[0]``): the labels every view uses."""
+        return tuple(path_label(p) for p in self.input_paths)
 
-    def to_code(self) -> str:
-        """Python source with the ``PartitionSpec``s, ready to paste.
+    def optimality(self) -> str:
+        """In words: proved optimal, interrupted (best so far), or a heuristic's plan."""
+        if not self.complete:
+            return "interrupted: the best plan found so far"
+        if self.optimal is True:
+            return "optimal (proved by the ILP)"
+        if self.optimal is False:
+            return "not proved optimal (ILP stopped at its limit)"
+        return "heuristic (not proved optimal)"
+
+    def summary(self) -> str:
+        """One line: method, mesh, predicted step time, communication, memory, optimality."""
+        c = self.cost
+        return (
+            f"{self.method} on {mesh_text(self.mesh_shape)}: predicted {human_time(c.time)} "
+            f"(compute {human_time(c.compute_time)}, comm {human_time(c.comm_time)}), "
+            f"{human_bytes(c.total_comm_bytes)} on the wire, "
+            f"{human_bytes(c.memory.peak)} per device; {self.optimality()}"
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Plan({self.summary()}; {len(self.input_paths)} inputs, "
+            f"{len(self.constraints)} constraints)"
+        )
+
+    def _repr_html_(self) -> str:
+        return html_of("plan", self)
+
+    def table(self, limit: int | None = 40) -> PlanTable:
+        """Per operation: the chosen split, its cost and the alternatives considered, most
+        expensive first. Renders as an HTML table in a notebook, aligned text when printed."""
+        rows = sorted(self.rows, key=lambda r: -r.cost)
+        shown = rows[:limit] if limit else rows
+        cells = []
+        for r in shown:
+            where = path_label(r.where) if r.op == "input" else source_label(r.where)
+            alts = ", ".join(f"{a} {c * 1e6:.2f}" for a, c in r.alternatives) or "-"
+            cells.append((r.op, where, r.chosen, f"{r.cost * 1e6:.2f}", alts))
+        if not self.rows:
+            cells.append(("-", "-", "fixed strategy (no search)", "-", "-"))
+        return PlanTable(
+            title=f"plan {self.summary()}",
+            headers=("op", "where", "chosen", "cost (µs)", "alternatives (µs)"),
+            rows=tuple(cells),
+            notes=self.notes,
+            omitted=len(rows) - len(shown),
+        )
+
+    def to_code(self, *, name: str | None = None) -> str:
+        """A complete snippet that jits the function with the plan's shardings, ready to
+        paste.
+
+        The function is called by the name the user gave it (a global of the notebook bound
+        to the traced function), ``name`` if given, else ``fn`` with a comment saying so.
+        Intermediate constraints the plan relies on are listed as comments by source line
+        (``plan.jit()`` applies them).
 
         Nothing is copied into it unescaped (``io.py``): axis names are string literals or,
         as ``shardlab.mesh`` keywords, checked identifiers (else the dict form
-        ``shardlab.mesh({'a b': 2})``); sizes are checked ints; the method, primitives and
-        source lines appear only in comments, with line breaks and other unprintable
-        characters escaped. That holds for any plan, loaded or built in memory.
+        ``shardlab.mesh({'a b': 2})``); sizes are checked ints; the function's name is a
+        checked identifier; the method, primitives and source lines appear only in comments,
+        with line breaks and other unprintable characters escaped. That holds for any plan,
+        loaded or built in memory.
         """
         in_leaves = [
             _Code(spec_code(s, f"input_specs[{i}]")) for i, s in enumerate(self.input_specs)
@@ -268,48 +330,82 @@ class Plan(_Record):
             _Code(spec_code(s, f"output_specs[{i}]")) for i, s in enumerate(self.output_specs)
         ]
         if self.binding is not None:
-            ins = repr(jax.tree_util.tree_unflatten(self.binding.in_tree, in_leaves))
-            outs = repr(jax.tree_util.tree_unflatten(self.binding.out_tree, out_leaves))
+            ins: Any = jax.tree_util.tree_unflatten(self.binding.in_tree, in_leaves)
+            outs: Any = jax.tree_util.tree_unflatten(self.binding.out_tree, out_leaves)
         else:
-            ins, outs = repr(tuple(in_leaves)), repr(tuple(out_leaves))
-        mesh_args = mesh_code(self.mesh_shape)
+            ins, outs = tuple(in_leaves), tuple(out_leaves)
+        fn_name = (
+            name
+            if name is not None
+            else function_name(self.binding.traced.fn if self.binding is not None else None)
+        )
+        if fn_name is not None and not (
+            fn_name.isascii() and fn_name.isidentifier() and not keyword.iskeyword(fn_name)
+        ):
+            raise SearchError(f"to_code(name=...): {short(fn_name)} is not a Python identifier")
+        if fn_name in _TEMPLATE_NAMES:
+            fn_name = None
         lines = [
             "# "
             + comment(
-                f"shardlab plan ({self.method}): predicted {self.cost.time * 1e3:.3f} ms, "
-                f"{self.cost.memory.peak / 2**20:.2f} MiB/device"
+                f"shardlab plan ({self.method}): predicted {human_time(self.cost.time)}, "
+                f"{human_bytes(self.cost.memory.peak)} per device"
             ),
             "import jax",
             "import shardlab",
             "from jax.sharding import NamedSharding, PartitionSpec as P",
             "",
-            f"mesh = shardlab.mesh({mesh_args})",
+            f"mesh = shardlab.mesh({mesh_code(self.mesh_shape)})",
+            "",
             "",
             "def _named(tree):",
-            "    return jax.tree.map(lambda s: NamedSharding(mesh, s), tree,",
-            "                        is_leaf=lambda s: isinstance(s, P))",
+            "    return jax.tree.map(",
+            "        lambda s: NamedSharding(mesh, s), tree, is_leaf=lambda s: isinstance(s, P)",
+            "    )",
             "",
-            f"in_shardings = _named({ins})",
-            f"out_shardings = _named({outs})",
-            "step = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings)",
+            "",
+            f"in_shardings = _named({_pretty(ins, 0)})",
+            f"out_shardings = _named({_pretty(outs, 0)})",
         ]
-        if self.constraints or self.operand_constraints:
+        if fn_name is None:
             lines += [
-                "",
-                "# Intermediate constraints the plan relies on (plan.jit() applies "
-                "them); to apply by hand, add",
-                "# jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec)) at these lines:",
+                "# fn: the function this plan was made for. It was passed as an expression",
+                "# (e.g. jax.grad(loss)) or is not a global, so bind it first: fn = ...",
             ]
-            where = {r.op_index: r for r in _index_rows(self)}
-            for i, prim, specs in self.constraints:
-                src = where[i].source if i in where else ""
-                text = ", ".join("-" if s is None else spec_code(s, f"node {i}") for s in specs)
-                lines.append("#   " + comment(f"node {i} {prim} {src}: {text}"))
-            for i, pos, lay in self.operand_constraints:
-                lines.append(
-                    "#   " + comment(f"node {i} operand {pos}: {spec_code(lay, f'node {i}')}")
-                )
+        lines.append(
+            f"step = jax.jit({fn_name or 'fn'}, in_shardings=in_shardings, "
+            "out_shardings=out_shardings)"
+        )
+        lines += self._constraint_comments()
         return "\n".join(lines) + "\n"
+
+    def _constraint_comments(self, limit: int = 8) -> list[str]:
+        """The intermediate constraints, by the user's source line (no node numbers)."""
+        if not (self.constraints or self.operand_constraints):
+            return []
+        where = {r.op_index: r.source for r in _index_rows(self)}
+        grouped: dict[tuple[str, str, str], int] = {}
+        for i, prim, specs in self.constraints:
+            text = ", ".join("-" if s is None else spec_code(s, "constraint") for s in specs)
+            key = (source_label(where.get(i, ""), missing="(no source line)"), prim, text)
+            grouped[key] = grouped.get(key, 0) + 1
+        for _, _, lay in self.operand_constraints:
+            key = ("(before an operation)", "reshard", spec_code(lay, "operand constraint"))
+            grouped[key] = grouped.get(key, 0) + 1
+        total = len(self.constraints) + len(self.operand_constraints)
+        lines = [
+            "",
+            f"# The plan also constrains {total} intermediate values inside the function;",
+            "# plan.jit() applies them. By hand, at these lines:",
+            "#   x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))",
+        ]
+        items = list(grouped.items())
+        for (src, prim, text), n in items[:limit]:
+            times = f" ×{n}" if n > 1 else ""
+            lines.append("#   " + comment(f"{src} ({prim}{times}): {text}"))
+        if len(items) > limit:
+            lines.append(f"#   … and {len(items) - limit} more source lines")
+        return lines
 
     def confirmed(self, timeout: float | None = None) -> Plan:
         """The plan confirmed on compiled programs, from ``search(..., confirm="background")``:
@@ -425,6 +521,27 @@ class PlannedJit:
 class _Code(str):
     def __repr__(self) -> str:
         return str(self)
+
+
+_TEMPLATE_NAMES = {"jax", "shardlab", "NamedSharding", "P", "mesh", "_named", "in_shardings"}
+_TEMPLATE_NAMES |= {"out_shardings", "step", "tree", "s"}
+_WIDTH = 88
+
+
+def _pretty(tree: Any, indent: int) -> str:
+    """Source of a pytree of ``_Code`` leaves (dicts, lists, tuples), black-style: on one
+    line when it fits, else one element per line."""
+    flat = repr(tree)
+    if indent + len(flat) <= _WIDTH - 16 or type(tree) not in (dict, list, tuple):
+        return flat
+    pad = " " * (indent + 4)
+    if isinstance(tree, dict):
+        items = [f"{pad}{k!r}: {_pretty(v, indent + 4)}," for k, v in tree.items()]
+        open_, close = "{", "}"
+    else:
+        items = [f"{pad}{_pretty(v, indent + 4)}," for v in tree]
+        open_, close = ("[", "]") if isinstance(tree, list) else ("(", ")")
+    return open_ + "\n" + "\n".join(items) + "\n" + " " * indent + close
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,180 @@
+"""How records read: short ``repr`` text, human units, and the aligned plan table.
+
+The core never imports a view library; records' ``_repr_html_`` asks ``HTML_VIEWERS``
+(filled by ``shardlab.widgets`` on import) and falls back to the escaped text in a ``<pre>``
+(a notebook then still shows the short text, not the whole dataclass).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import keyword
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = [
+    "HTML_VIEWERS",
+    "PlanTable",
+    "function_name",
+    "html_of",
+    "human_bytes",
+    "human_time",
+    "mesh_text",
+]
+
+# {"plan" | "report" | "cost": record -> HTML}; registered by shardlab.widgets.
+HTML_VIEWERS: dict[str, Callable[[Any], str]] = {}
+
+
+def human_bytes(num: float) -> str:
+    """``512 B``, ``1.5 KiB``, ``3.2 MiB``: binary units, one decimal."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(num) < 1024 or unit == "TiB":
+            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.1f} {unit}"
+        num /= 1024
+    return f"{num:.1f} TiB"
+
+
+def human_time(seconds: float) -> str:
+    """``3.12 ms``, ``41.0 µs``, ``1.20 s``."""
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} µs"
+
+
+def mesh_text(mesh_shape: dict[str, int]) -> str:
+    """``data=2 × model=4`` (``1 device`` for an empty or all-ones mesh of one device)."""
+    if not mesh_shape:
+        return "1 device"
+    return " × ".join(f"{k}={v}" for k, v in mesh_shape.items())
+
+
+def html_of(kind: str, record: Any) -> str:
+    viewer = HTML_VIEWERS.get(kind)
+    if viewer is not None:
+        try:
+            return viewer(record)
+        except Exception as error:  # a view bug must not hide the record
+            return (
+                f"<pre>{html.escape(repr(record))}\n(view failed: {html.escape(str(error))})</pre>"
+            )
+    return f"<pre>{html.escape(repr(record))}</pre>"
+
+
+def function_name(fn: Any) -> str | None:
+    """The name the user calls ``fn`` by, when one can be found: a global of the notebook
+    (``__main__``) or of its own module bound to this very object. None for an expression
+    (``jax.grad(loss)``) or a local function — a name that would call something else is
+    worse than a placeholder."""
+    if fn is None:
+        return None
+    candidates: list[str] = []
+    name = getattr(fn, "__name__", None)
+    for module_name in ("__main__", getattr(fn, "__module__", None)):
+        module = sys.modules.get(module_name) if isinstance(module_name, str) else None
+        space = getattr(module, "__dict__", None)
+        if not isinstance(space, dict):
+            continue
+        if isinstance(name, str) and space.get(name) is fn:
+            candidates.append(name)
+        elif module_name == "__main__":
+            candidates += [k for k, v in list(space.items()) if v is fn and not k.startswith("_")]
+    for found in candidates:
+        if found.isascii() and found.isidentifier() and not keyword.iskeyword(found):
+            return found
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanTable:
+    """``plan.table()``: an HTML table in a notebook, aligned text in a terminal.
+
+    Attributes:
+        title: the plan's one-line summary.
+        headers: column names.
+        rows: one tuple of cell texts per row.
+        notes: lines under the table.
+        omitted: rows left out by ``limit``.
+    """
+
+    title: str
+    headers: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    notes: tuple[str, ...] = ()
+    omitted: int = 0
+
+    def text(self) -> str:
+        widths = [len(h) for h in self.headers]
+        for row in self.rows:
+            widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+
+        def line(cells: Sequence[str]) -> str:
+            out = []
+            for i, (cell, width) in enumerate(zip(cells, widths, strict=True)):
+                numeric = i > 0 and cell.replace(".", "", 1).replace(",", "").isdigit()
+                out.append(cell.rjust(width) if numeric else cell.ljust(width))
+            return "  ".join(out).rstrip()
+
+        lines = [self.title, line(self.headers), "  ".join("-" * w for w in widths)]
+        lines += [line(r) for r in self.rows]
+        if self.omitted:
+            lines.append(f"… {self.omitted} more rows (plan.table(limit=None) lists all)")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def __contains__(self, item: str) -> bool:
+        return item in self.text()
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        head = "".join(f"<th style='text-align:left'>{esc(h)}</th>" for h in self.headers)
+        body = "".join(
+            "<tr>" + "".join(f"<td style='text-align:left'>{esc(c)}</td>" for c in r) + "</tr>"
+            for r in self.rows
+        )
+        more = (
+            f"<div>… {self.omitted} more rows (<code>plan.table(limit=None)</code>)</div>"
+            if self.omitted
+            else ""
+        )
+        notes = "".join(f"<div style='color:#666'>note: {esc(n)}</div>" for n in self.notes)
+        return (
+            f"<div class='shardlab sl-plan-table'><div><b>{esc(self.title)}</b></div>"
+            f"<table><tr>{head}</tr>{body}</table>{more}{notes}</div>"
+        )
+
+
+def _per_kind(comm_bytes: dict[str, float]) -> str:
+    parts = [f"{k} {human_bytes(v)}" for k, v in comm_bytes.items() if v]
+    return ", ".join(parts) or "no communication"
+
+
+def report_text(report: Any) -> str:
+    """``Report(...)`` in one line: collectives, wire bytes per kind, memory, flops."""
+    return (
+        f"Report(compiled on {mesh_text(report.mesh_shape)}: {len(report.collectives)} "
+        f"collectives, {human_bytes(report.total_comm_bytes)} on the wire per device "
+        f"({_per_kind(report.comm_bytes)}); memory {human_bytes(report.memory.total)} per "
+        f"device; {report.flops / 1e9:.3g} GFLOP per device)"
+    )
+
+
+def cost_text(cost: Any) -> str:
+    """``CostBreakdown(...)`` in one line: step time, communication, memory, profile."""
+    return (
+        f"CostBreakdown(predicted {human_time(cost.time)}: compute "
+        f"{human_time(cost.compute_time)} + comm {human_time(cost.comm_time)}; "
+        f"{human_bytes(cost.total_comm_bytes)} on the wire per device "
+        f"({_per_kind(cost.comm_bytes)}); peak {human_bytes(cost.memory.peak)} per device; "
+        f"profile {cost.device})"
+    )
