@@ -13,6 +13,7 @@ from .compare import bisect_html, compare_html  # registers the compare/bisect v
 from .editor import StrategyEditor, editor
 from .layout import LayoutView, show
 from .memory import MemoryPanel, memory
+from .records_html import cost_html, plan_html, report_html  # registers the records' HTML
 from .timeline import TimelineView, timeline
 from .watch import Watch, watch
 
@@ -26,8 +27,11 @@ __all__ = [
     "bisect_html",
     "commgraph",
     "compare_html",
+    "cost_html",
     "editor",
     "memory",
+    "plan_html",
+    "report_html",
     "show",
     "timeline",
     "watch",

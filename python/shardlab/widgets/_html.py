@@ -7,9 +7,11 @@ CDN, so it renders in JupyterLab, in VS Code (offline too) and in a saved notebo
 from __future__ import annotations
 
 import html
-import os
-import sys
 from typing import Any
+
+from ..parallel.display import human_bytes, human_time
+from ..parallel.labels import COMPILER_INSERTED
+from ..parallel.labels import source_label as _source_label
 
 # Colour-blind-friendly palette (Okabe-Ito, then Tableau 10) for device groups / kinds.
 PALETTE = (
@@ -57,50 +59,15 @@ def color(index: int) -> str:
     return PALETTE[index % len(PALETTE)]
 
 
-def fmt_bytes(num: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(num) < 1024 or unit == "TiB":
-            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.1f} {unit}"
-        num /= 1024
-    return f"{num:.1f} TiB"
-
-
-def fmt_time(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.1f} µs"
-
-
-def _cell_number(path: str) -> int | None:
-    """The execution count of the notebook cell IPython compiled to ``path`` (ipykernel names
-    cells ``/tmp/ipykernel_<pid>/<hash>.py``), or None."""
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
-    filenames = getattr(getattr(shell, "compile", None), "_filename_map", None)
-    number = filenames.get(path) if isinstance(filenames, dict) else None
-    return number if isinstance(number, int) else None
+fmt_bytes = human_bytes
+fmt_time = human_time
 
 
 def source_label(source: str) -> str:
-    """A ``file:line`` as a person reads it: ``In [8] line 2`` for a notebook cell, the path
-    from its import root for a module (``shardlab/examples/transformer.py:113``), else as is."""
-    if not source:
-        return "?"
-    path, sep, line = source.rpartition(":")
-    if not sep or not line.isdigit():
-        return source
-    cell = _cell_number(path)
-    if cell is not None:
-        return f"In [{cell}] line {line}"
-    roots = [r for r in (*sys.path, os.getcwd()) if r and os.path.isabs(r)]
-    best = ""
-    for root in roots:
-        root = root.rstrip(os.sep) + os.sep
-        if path.startswith(root) and len(root) > len(best):
-            best = root
-    return f"{path[len(best) :]}:{line}" if best else source
+    """A collective's ``file:line`` as a person reads it (``In [8], line 2``,
+    ``shardlab/examples/transformer.py:44``); "(compiler-inserted)" when no user line asked
+    for it (no source, or only shardlab's own machinery)."""
+    return _source_label(source, missing=COMPILER_INSERTED)
 
 
 def panel(view_class: str, body: str, *, title: str = "") -> str:

@@ -1,11 +1,17 @@
 """``shardlab.editor(fn, *args, mesh=m)``: edit a sharding strategy and see it change live.
 
-For each input leaf, one dropdown per dimension chooses the mesh axes it is split over.
-Every edit updates, within the prediction's time (no compile): communication per kind,
-per-device memory, estimated step time and what changed since the previous strategy. The
-compiled figures follow from a background thread; a newer edit supersedes a stale compile.
-Auto runs ``shardlab.search`` with a progress bar (Stop returns the best plan so far),
-Reset goes back to the initial strategy, Export code shows the PartitionSpecs.
+The figures (``editor_view.py``) are pinned above the controls, so an edit's effect stays in
+sight. Controls are an aligned grid per top-level argument (one tab each: ``params``,
+``momentum``, ``batch``), rows labelled as the user indexes the leaf
+(``params["embed"]``, ``batch[0]``: ``Plan.input_labels``), with one dropdown per dimension
+choosing the mesh axes it is split over. Repeated layers are one row
+(``params["blocks"][*]["w1"]`` ×4): a change there changes every layer, and "per layer"
+opens (built on demand) one row per layer to override one. Every edit updates the predicted
+figures at once (no compile); the compiled figures follow from a background thread, where a
+newer edit supersedes a stale compile. Auto runs ``shardlab.search`` with a progress bar
+(Stop keeps the best plan so far); ``apply(plan)`` shows the plan's own predicted cost and
+its ``verify()``; Reset goes back to the initial strategy; Export code shows the plan's
+``to_code()``.
 """
 
 from __future__ import annotations
@@ -18,164 +24,15 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ..parallel.plan.plan import Plan
-from ..parallel.records import COLLECTIVE_KINDS
 from ..parallel.search.driver import search
-from ..parallel.specs import ShardingSpecError, make_spec, spec_entries
-from ._html import KIND_COLORS, Raw, View, esc, fmt_bytes, fmt_time, panel, table
+from ..parallel.specs import ShardingSpecError, spec_entries
+from ._html import esc
 from ._live import LiveDisplay, guarded, show_controls
-from .editor_model import CompileResult, EditorModel, Evaluation, diff
+from .editor_model import CompileResult, EditorModel, diff
+from .editor_view import ACTIONS, EditorView
 
-MAX_STRATEGY_ROWS = 24  # sharded leaves the static form lists one by one
-# What the controls do, as code: the static form (a saved or exported notebook, a front end
-# without a widget manager) says it where the dropdowns and buttons would be.
-ACTIONS = (
-    "dropdowns: .edit(leaf, dim, axes) · Auto: shardlab.search(...) then .apply(plan) · "
-    "Reset: .reset() · Export code: .export()"
-)
-
-
-class EditorView(View):
-    """The editor's figures: a record view of the current evaluation and compile."""
-
-    def __init__(
-        self,
-        evaluation: Evaluation | None,
-        *,
-        changes: list[str],
-        compiled: CompileResult | None,
-        compiling: bool,
-        error: str | None,
-        code: str | None = None,
-        status: str = "",
-        labels: tuple[str, ...] = (),
-    ) -> None:
-        self.evaluation = evaluation
-        self.labels = labels  # the input leaves' labels, in the order of evaluation.specs
-        self.changes = changes
-        self.compiled = compiled
-        self.compiling = compiling
-        self.error = error
-        self.code = code
-        self.status = status
-
-    def _compile_line(self) -> str:
-        if self.compiling:
-            return "compiling in the background…"
-        if self.compiled is None:
-            return "not compiled"
-        if self.compiled.error:
-            return f"compile failed: {self.compiled.error}"
-        report = self.compiled.report
-        assert report is not None
-        return (
-            f"compiled in {self.compiled.seconds:.2f} s: {len(report.collectives)} collectives, "
-            f"{report.total_comm_bytes:,.0f} wire bytes, memory {report.memory.total:,} B per "
-            "device"
-        )
-
-    def _strategy(self) -> tuple[list[tuple[str, str]], int]:
-        """(label, spec) of the sharded leaves (what their dropdowns show), and how many
-        leaves are replicated."""
-        if self.evaluation is None or not self.labels:
-            return [], 0
-        sharded = []
-        for label, spec in zip(self.labels, self.evaluation.specs, strict=False):
-            entries = tuple(spec)
-            if any(e is not None and e != () for e in entries):
-                sharded.append((label, "P(" + ", ".join(map(repr, entries)) + ")"))
-        return sharded, len(self.evaluation.specs) - len(sharded)
-
-    def text(self) -> str:
-        lines = []
-        if self.error:
-            lines.append(f"invalid choice (last valid strategy kept): {self.error}")
-        if self.evaluation is not None:
-            cost = self.evaluation.cost
-            lines.append(
-                f"strategy #{self.evaluation.generation}: predicted step "
-                f"{cost.time * 1e3:.3f} ms (compute {cost.compute_time * 1e3:.3f}, comm "
-                f"{cost.comm_time * 1e3:.3f}), peak memory {cost.memory.peak:,} B per device"
-            )
-            for kind, value in cost.comm_bytes.items():
-                if value:
-                    lines.append(f"  {kind}: {value:,.0f} B")
-            lines.extend("  changed: " + c for c in self.changes)
-            sharded, replicated = self._strategy()
-            if sharded or replicated:
-                lines.append(f"  strategy: {len(sharded)} leaves sharded, {replicated} replicated")
-                lines.extend(f"    {label}: {spec}" for label, spec in sharded[:MAX_STRATEGY_ROWS])
-        lines.append(self._compile_line())
-        if self.status:
-            lines.append(self.status)
-        if self.code:
-            lines.append(self.code)
-        return "\n".join(lines)
-
-    def html(self) -> str:
-        parts = []
-        if self.error:
-            parts.append(
-                f"<div class='sl-error sl-edit-error'>invalid choice (last valid strategy kept):"
-                f" {esc(self.error)}</div>"
-            )
-        if self.evaluation is not None:
-            cost = self.evaluation.cost
-            rows = [
-                [kind, f"{cost.comm_bytes.get(kind, 0):,.0f}"]
-                for kind in COLLECTIVE_KINDS
-                if cost.comm_bytes.get(kind, 0)
-            ] or [["none", "0"]]
-            memory = cost.memory
-            peak = max(memory.peak, 1)
-            bars = "".join(
-                f"<div>{esc(name)} <span style='display:inline-block;height:10px;width:"
-                f"{max(1, int(200 * value / peak))}px;background:{color}'></span> "
-                f"{fmt_bytes(value)}</div>"
-                for name, value, color in (
-                    ("parameters", memory.parameters, "#0072B2"),
-                    ("activations", memory.activations, "#E69F00"),
-                    ("peak", memory.peak, "#D55E00"),
-                )
-            )
-            parts.append(
-                f"<div class='sl-time'>strategy #{self.evaluation.generation}: predicted step "
-                f"<b>{fmt_time(cost.time)}</b> (compute {fmt_time(cost.compute_time)}, "
-                f"communication {fmt_time(cost.comm_time)}; predicted in "
-                f"{self.evaluation.seconds * 1e3:.0f} ms)</div>"
-                "<div style='display:flex;gap:24px'><div><b>communication per kind</b> "
-                "(bytes per device on the wire)"
-                + table(["kind", "bytes"], rows, cls="sl-comm")
-                + f"</div><div class='sl-membars'><b>memory per device</b>{bars}</div></div>"
-            )
-            if self.changes:
-                parts.append(
-                    "<div class='sl-diff'><b>changed:</b> "
-                    + "; ".join(esc(c) for c in self.changes)
-                    + "</div>"
-                )
-            sharded, replicated = self._strategy()
-            if sharded or replicated:
-                more = len(sharded) - MAX_STRATEGY_ROWS
-                rows = [[label, Raw(f"<code>{esc(spec)}</code>")] for label, spec in sharded]
-                parts.append(
-                    f"<div class='sl-strategy'><b>strategy</b> ({len(sharded)} leaves sharded,"
-                    f" {replicated} replicated <code>P()</code>)"
-                    + (table(["leaf", "spec"], rows[:MAX_STRATEGY_ROWS], left=2) if rows else "")
-                    + (f"<div class='sl-note'>{more} more sharded leaves</div>" if more > 0 else "")
-                    + "</div>"
-                )
-            legend = " ".join(
-                f"<span style='color:{KIND_COLORS[k]}'>■</span>{esc(k)}" for k in COLLECTIVE_KINDS
-            )
-            parts.append(f"<div class='sl-note'>{legend}</div>")
-        parts.append(f"<div class='sl-compile'>{esc(self._compile_line())}</div>")
-        if self.labels:  # the live editor's view: say what its controls do, as code
-            parts.append(f"<div class='sl-actions sl-note'>{esc(ACTIONS)}</div>")
-        if self.status:
-            parts.append(f"<div class='sl-status'>{esc(self.status)}</div>")
-        if self.code:
-            parts.append(f"<pre class='sl-code'>{esc(self.code)}</pre>")
-        return panel("sl-editor", "".join(parts), title="strategy editor")
+MIXED = "(mixed)"  # a group dropdown whose layers differ
+LABEL_PX, SHAPE_PX, DIM_PX, TOGGLE_PX, ROW_PX = 7.2, 130, 112, 96, 28
 
 
 def _choices(axes: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
@@ -185,8 +42,76 @@ def _choices(axes: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
     return options
 
 
+def _shape_text(dtype: str, shape: tuple[int, ...]) -> str:
+    short = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int32": "i32"}
+    return f"{short.get(dtype, dtype)}[{', '.join(map(str, shape))}]"
+
+
+class _Row:
+    """One control row: a layer group (``members`` > 1) or one leaf."""
+
+    def __init__(self, editor: StrategyEditor, members: list[int], label: str, grid: str):
+        import ipywidgets as w
+
+        leaf = editor.model.leaves[members[0]]
+        self.members = members
+        self.grid = grid
+        self.dropdowns = []
+        for dim, size in enumerate(leaf.shape):
+            dropdown = w.Dropdown(
+                options=editor.options,
+                value=(),
+                tooltip=f"dim {dim} ({size})",
+                layout=w.Layout(width=f"{DIM_PX - 4}px", height=f"{ROW_PX}px"),
+            )
+            dropdown.observe(
+                guarded(editor.on_row_change(self, dim), editor.show_error), names="value"
+            )
+            self.dropdowns.append(dropdown)
+        cells: list[Any] = [
+            w.HTML(f"<code title='{esc(label)}'>{esc(label)}</code>"),
+            w.HTML(f"<span class='sl-note'>{esc(_shape_text(leaf.dtype, leaf.shape))}</span>"),
+            *self.dropdowns,
+        ]
+        cells += [w.HTML("") for _ in range(editor.max_dims - len(leaf.shape))]
+        self.toggle = None
+        self.expanded = None
+        if len(members) > 1:
+            self.toggle = w.ToggleButton(
+                value=False,
+                description=f"×{len(members)} per layer",
+                tooltip="one row per layer, to override one",
+                layout=w.Layout(width=f"{TOGGLE_PX}px", height=f"{ROW_PX}px"),
+            )
+            self.expanded = w.VBox([], layout=w.Layout(display="none"))
+            self.toggle.observe(
+                guarded(lambda change: editor.expand(self, change["new"]), editor.show_error),
+                names="value",
+            )
+            cells.append(self.toggle)
+        else:
+            cells.append(w.HTML(""))
+        self.widget = w.GridBox(cells, layout=w.Layout(grid_template_columns=grid))
+        self.children: list[_Row] = []
+
+    def sync(self, specs: list[PartitionSpec]) -> None:
+        for dim, dropdown in enumerate(self.dropdowns):
+            values = set()
+            for i in self.members:
+                entries = spec_entries(specs[i])
+                values.add(tuple(entries[dim]) if dim < len(entries) else ())
+            value: Any = values.pop() if len(values) == 1 else MIXED
+            known = [v for _, v in dropdown.options]
+            if value not in known:
+                label = value if value == MIXED else "+".join(value)
+                dropdown.options = [*dropdown.options, (label, value)]
+            dropdown.value = value
+        for child in self.children:
+            child.sync(specs)
+
+
 class StrategyEditor:
-    """The editor widget: controls (stock ipywidgets) over a live figures display."""
+    """The editor widget: figures pinned above stock ipywidgets controls."""
 
     def __init__(
         self,
@@ -209,38 +134,31 @@ class StrategyEditor:
         self.compiling = False
         self._stop = threading.Event()
         self._syncing = False
-        options = _choices(self.model.axes)
-        self.dropdowns: list[list[Any]] = []
-        rows = []
-        for index, leaf in enumerate(self.model.leaves):
-            per_dim = self._dim_dropdowns(
-                leaf.shape, options, lambda d, i=index: self._on_change(i, d)
-            )
-            self.dropdowns.append(per_dim)
-            label = w.HTML(f"<code>{esc(leaf.label)}</code> {esc(leaf.dtype)}{list(leaf.shape)}")
-            rows.append(w.HBox([label, *per_dim]))
-        self.constraint_dropdowns: list[list[Any]] = []
-        constraint_rows = []
-        for position, item in enumerate(self.model.intermediates):
-            per_dim = self._dim_dropdowns(
-                item.shape, options, lambda d, p=position: self._on_constraint(p, d)
-            )
-            self.constraint_dropdowns.append(per_dim)
-            constraint_rows.append(w.HBox([w.HTML(f"<code>{esc(item.label)}</code>"), *per_dim]))
+        self.options = _choices(self.model.axes)
+        self.max_dims = max((len(leaf.shape) for leaf in self.model.leaves), default=0)
+        self.rows: list[_Row] = []
+        tabs, titles = self._argument_tabs()
+        self.arguments = w.Tab(children=tabs, titles=titles)
         self.intermediates = w.Accordion(
-            children=[w.VBox(constraint_rows or [w.HTML("no matmuls to constrain")])],
-            titles=(f"constraints on intermediates ({len(constraint_rows)} matmul outputs)",),
+            children=[w.VBox([])],
+            titles=(
+                f"constraints on intermediates ({len(self.model.intermediates)} matmul outputs)",
+            ),
             selected_index=None,
+        )
+        self.constraint_rows: list[list[Any]] = []
+        self.intermediates.observe(
+            guarded(lambda _: self._build_constraints(), self.show_error), names="selected_index"
         )
         self.auto_button = w.Button(description="Auto", icon="magic", tooltip="shardlab.search")
         self.stop_button = w.Button(description="Stop", icon="stop", disabled=True)
         self.reset_button = w.Button(description="Reset", icon="undo")
         self.export_button = w.Button(description="Export code", icon="code")
         self.progress = w.FloatProgress(value=0.0, min=0.0, max=1.0, description="search")
-        self.auto_button.on_click(guarded(lambda _: self.auto(), self._show_error))
-        self.stop_button.on_click(guarded(lambda _: self._stop.set(), self._show_error))
-        self.reset_button.on_click(guarded(lambda _: self.reset(), self._show_error))
-        self.export_button.on_click(guarded(lambda _: self.export(), self._show_error))
+        self.auto_button.on_click(guarded(lambda _: self.auto(), self.show_error))
+        self.stop_button.on_click(guarded(lambda _: self._stop.set(), self.show_error))
+        self.reset_button.on_click(guarded(lambda _: self.reset(), self.show_error))
+        self.export_button.on_click(guarded(lambda _: self.export(), self.show_error))
         buttons = w.HBox(
             [
                 self.auto_button,
@@ -250,29 +168,106 @@ class StrategyEditor:
                 self.progress,
             ]
         )
-        self.controls = w.VBox([*rows, self.intermediates, buttons])
-        initial = self._initial_specs(in_shardings)
-        self.initial = initial
-        self.model.set_all(initial)
+        self.controls = w.VBox([buttons, self.arguments, self.intermediates])
+        self.initial = self._initial_specs(in_shardings)
+        self.model.set_all(self.initial)
         self._sync_dropdowns()
         self._after_edit()
 
-    def _dim_dropdowns(self, shape: tuple[int, ...], options: Any, handler_for: Any) -> list[Any]:
-        """One dropdown per dimension; ``handler_for(dim)`` gives its change handler."""
+    # -- building ------------------------------------------------------------------------
+    def _grid(self, label_chars: int) -> str:
+        label = min(380, max(120, int(label_chars * LABEL_PX) + 12))
+        dims = " ".join([f"{DIM_PX}px"] * self.max_dims)
+        return f"{label}px {SHAPE_PX}px {dims} {TOGGLE_PX + 8}px"
+
+    def _argument_tabs(self) -> tuple[list[Any], list[str]]:
+        """One tab per top-level argument; in it, one row per layer group (members of the
+        same shape and dtype) or leaf, in first-appearance order."""
         import ipywidgets as w
 
-        dropdowns = []
-        for dim in range(len(shape)):
-            dropdown = w.Dropdown(
-                options=options,
-                value=(),
-                description=f"dim {dim} ({shape[dim]})",
-                style={"description_width": "initial"},
-                layout=w.Layout(width="170px"),
+        by_argument: dict[str, dict[tuple[Any, ...], list[int]]] = {}
+        for i, leaf in enumerate(self.model.leaves):
+            groups = by_argument.setdefault(leaf.argument, {})
+            groups.setdefault((leaf.group, leaf.shape, leaf.dtype), []).append(i)
+        tabs, titles = [], []
+        for argument, groups in by_argument.items():
+            labels = {
+                key: key[0] if len(members) > 1 else self.model.leaves[members[0]].label
+                for key, members in groups.items()
+            }
+            grid = self._grid(max(len(label) for label in labels.values()))
+            header = w.GridBox(
+                [
+                    w.HTML("<b>leaf</b>"),
+                    w.HTML("<b>shape</b>"),
+                    *[w.HTML(f"<b>dim {d}</b>") for d in range(self.max_dims)],
+                    w.HTML(""),
+                ],
+                layout=w.Layout(grid_template_columns=grid),
             )
-            dropdown.observe(guarded(handler_for(dim), self._show_error), names="value")
-            dropdowns.append(dropdown)
-        return dropdowns
+            children: list[Any] = [header]
+            for key, members in groups.items():
+                row = _Row(self, members, labels[key], grid)
+                self.rows.append(row)
+                children.append(row.widget)
+                if row.expanded is not None:
+                    children.append(row.expanded)
+            count = sum(len(m) for m in groups.values())
+            tabs.append(w.VBox(children))
+            titles.append(f"{argument} ({count})")
+        return tabs, titles
+
+    def expand(self, row: _Row, show: bool) -> None:
+        """Shows (building them the first time) or hides a group's per-layer rows."""
+        assert row.expanded is not None
+        if show and not row.children:
+            row.children = [
+                _Row(self, [i], self.model.leaves[i].label, row.grid) for i in row.members
+            ]
+            row.expanded.children = [child.widget for child in row.children]
+            self._syncing = True
+            try:
+                for child in row.children:
+                    child.sync(self.model.specs)
+            finally:
+                self._syncing = False
+        row.expanded.layout.display = "" if show else "none"
+
+    def _build_constraints(self) -> None:
+        """The intermediates' rows, built the first time the section opens."""
+        import ipywidgets as w
+
+        if self.constraint_rows or self.intermediates.selected_index is None:
+            return
+        rows = []
+        for position, item in enumerate(self.model.intermediates):
+            per_dim = []
+            for dim, size in enumerate(item.shape):
+                dropdown = w.Dropdown(
+                    options=self.options,
+                    value=(),
+                    tooltip=f"dim {dim} ({size})",
+                    layout=w.Layout(width=f"{DIM_PX - 4}px", height=f"{ROW_PX}px"),
+                )
+                dropdown.observe(
+                    guarded(self._on_constraint(position, dim), self.show_error), names="value"
+                )
+                per_dim.append(dropdown)
+            self.constraint_rows.append(per_dim)
+            shape = "[" + ", ".join(map(str, item.shape)) + "]"
+            rows.append(
+                w.HBox(
+                    [
+                        w.HTML(
+                            f"<code>{esc(item.label)}</code> <span class='sl-note'>{shape}</span>",
+                            layout=w.Layout(width="360px"),
+                        ),
+                        *per_dim,
+                    ]
+                )
+            )
+        self.intermediates.children = [w.VBox(rows or [w.HTML("no matmuls to constrain")])]
+        self._sync_dropdowns()
 
     # -- state -----------------------------------------------------------------------------
     def _initial_specs(self, in_shardings: Any) -> list[PartitionSpec]:
@@ -292,16 +287,9 @@ class StrategyEditor:
     def _sync_dropdowns(self) -> None:
         self._syncing = True
         try:
-            for per_dim, spec in zip(self.dropdowns, self.model.specs, strict=True):
-                entries = spec_entries(spec)
-                for dim, dropdown in enumerate(per_dim):
-                    value = tuple(entries[dim]) if dim < len(entries) else ()
-                    if value not in [v for _, v in dropdown.options]:
-                        dropdown.options = [*dropdown.options, ("+".join(value), value)]
-                    dropdown.value = value
-            for item, per_dim in zip(
-                self.model.intermediates, self.constraint_dropdowns, strict=True
-            ):
+            for row in self.rows:
+                row.sync(self.model.specs)
+            for item, per_dim in zip(self.model.intermediates, self.constraint_rows, strict=False):
                 entries = spec_entries(self.model.constraints.get(item.node, PartitionSpec()))
                 for dim, dropdown in enumerate(per_dim):
                     value = tuple(entries[dim]) if dim < len(entries) else ()
@@ -311,11 +299,12 @@ class StrategyEditor:
         finally:
             self._syncing = False
 
-    def _on_change(self, index: int, dim: int) -> Any:
+    def on_row_change(self, row: _Row, dim: int) -> Any:
         def handler(change: dict[str, Any]) -> None:
-            if self._syncing:
+            if self._syncing or change["new"] == MIXED:
                 return
-            self.edit(index, dim, tuple(change["new"]))
+            axes = tuple(change["new"])
+            self._change(self.model.edit_many, [(i, dim, axes) for i in row.members])
 
         return handler
 
@@ -332,9 +321,19 @@ class StrategyEditor:
         """Constrains an intermediate (a matmul output, by graph node index)."""
         self._change(self.model.constrain, node, dim, axes)
 
-    def edit(self, index: int, dim: int, axes: tuple[str, ...]) -> None:
-        """What a dropdown change does (also callable from code and tests)."""
-        self._change(self.model.edit, index, dim, axes)
+    def edit(self, leaf: int | str, dim: int, axes: tuple[str, ...] | str) -> None:
+        """What a dropdown change does (also callable from code and tests): split dimension
+        ``dim`` of ``leaf`` (an index, a label as shown — ``params["blocks"][0]["w1"]`` — or
+        a path) over ``axes`` (``()``: none; a single axis may be a string)."""
+        index = leaf if isinstance(leaf, int) else self.model.index(leaf)
+        self._change(self.model.edit, index, dim, (axes,) if isinstance(axes, str) else axes)
+
+    def edit_group(self, group: str, dim: int, axes: tuple[str, ...] | str) -> None:
+        """What a layer group's dropdown does: the same split for every layer of ``group``
+        (``params["blocks"][*]["w1"]``)."""
+        axes = (axes,) if isinstance(axes, str) else tuple(axes)
+        members = self.model.members(group)
+        self._change(self.model.edit_many, [(i, dim, axes) for i in members])
 
     def _change(self, apply: Any, *args: Any) -> None:
         """Applies a model change; an invalid one shows its error and keeps the last state."""
@@ -342,9 +341,11 @@ class StrategyEditor:
             apply(*args)
         except ShardingSpecError as error:
             self.error = str(error)
+            self._sync_dropdowns()  # a group row may have half-moved in the browser
             self._refresh()
             return
         self.error = None
+        self._sync_dropdowns()
         self._after_edit()
 
     def _after_edit(self) -> None:
@@ -361,27 +362,21 @@ class StrategyEditor:
         self._refresh()
 
     def apply(self, plan_or_specs: Plan | Any, *, refresh: bool = True) -> None:
-        """Shows a plan's input layouts and constraints (or a pytree of PartitionSpecs or
-        NamedShardings) in the editor."""
+        """Shows a plan (its own predicted cost, and its ``verify()`` once compiled), or a
+        pytree of PartitionSpecs or NamedShardings (predicted as a hand strategy)."""
         if isinstance(plan_or_specs, Plan):
-            specs = [make_spec(layout) for layout in plan_or_specs.input_specs]
+            self.model.set_plan(plan_or_specs)
         else:
             leaves = jax.tree_util.tree_leaves(
                 plan_or_specs, is_leaf=lambda x: isinstance(x, (PartitionSpec, NamedSharding))
             )
             specs = [s.spec if isinstance(s, NamedSharding) else s for s in leaves]
-        if len(specs) != len(self.model.leaves):
-            raise ValueError(
-                f"the plan has {len(specs)} input shardings but the editor has "
-                f"{len(self.model.leaves)} leaves; was it made for another function?"
-            )
-        if isinstance(plan_or_specs, Plan):  # the plan's constraints inside the function
-            self.model.constraints = {
-                node: outs[0]
-                for node, outs in plan_or_specs.intermediate_specs().items()
-                if outs and outs[0]
-            }
-        self.model.set_all(specs)
+            if len(specs) != len(self.model.leaves):
+                raise ValueError(
+                    f"{len(specs)} shardings given but the editor has "
+                    f"{len(self.model.leaves)} leaves; were they made for another function?"
+                )
+            self.model.set_all(specs)
         self.error = None
         self._sync_dropdowns()
         if refresh:
@@ -389,13 +384,6 @@ class StrategyEditor:
 
     def reset(self) -> None:
         self.model.constraints = {}
-        self._syncing = True
-        try:
-            for per_dim in self.constraint_dropdowns:
-                for dropdown in per_dim:
-                    dropdown.value = ()
-        finally:
-            self._syncing = False
         self.model.set_all(list(self.initial))
         self.error, self.status = None, "reset to the initial strategy"
         self._sync_dropdowns()
@@ -440,7 +428,7 @@ class StrategyEditor:
                 self.status = "Auto: stopped before the search had a plan"
                 self._refresh()
             except Exception as error:  # shown in the editor
-                self._show_error(f"{type(error).__name__}: {error}")
+                self.show_error(f"{type(error).__name__}: {error}")
             finally:
                 self.auto_button.disabled, self.stop_button.disabled = False, True
 
@@ -452,6 +440,7 @@ class StrategyEditor:
     def view(self) -> EditorView:
         current, previous = self.model.current, self.model.previous
         changes = diff(previous.cost if previous else None, current.cost) if current else []
+        applied = self.model.applied
         return EditorView(
             current,
             changes=changes,
@@ -461,15 +450,19 @@ class StrategyEditor:
             code=self.code,
             status=self.status,
             labels=tuple(leaf.label for leaf in self.model.leaves),
+            groups=tuple(leaf.group for leaf in self.model.leaves),
+            source=f"plan {applied.method}" if applied is not None else "",
         )
 
     def _refresh(self) -> None:
         if self.display.shown:
             self.display.update(self.view())
 
-    def _show_error(self, message: str) -> None:
+    def show_error(self, message: str) -> None:
         self.error = message
         self._refresh()
+
+    _show_error = show_error
 
     def close(self) -> None:
         """Closes the editor's widgets, so the kernel lets go of them, their callbacks and
@@ -481,13 +474,13 @@ class StrategyEditor:
             widget.close()
 
     def _ipython_display_(self) -> None:
+        self.display.show(self.view())  # the figures first: pinned above the controls
         show_controls(
             self.controls,
-            f"[one dropdown per dimension of every input] [Auto] [Stop] [Reset] [Export code]: "
-            f"{ACTIONS}",
+            f"[Auto] [Stop] [Reset] [Export code] [a tab per argument: one dropdown per "
+            f"dimension, repeated layers as one row]: {ACTIONS}",
             f"<div class='shardlab sl-actions sl-note'>{esc(ACTIONS)}</div>",
         )
-        self.display.show(self.view())
 
 
 def editor(
@@ -498,7 +491,13 @@ def editor(
     device: Any = None,
     compile: bool = True,
 ) -> StrategyEditor:
-    """An interactive sharding-strategy editor for ``fn(*args)`` on ``mesh``."""
+    """An interactive sharding-strategy editor for ``fn(*args)`` on ``mesh``.
+
+    Returns:
+        The editor; display it (a cell's last line) for the figures and controls.
+        ``edit(label, dim, axes)``, ``edit_group(group, dim, axes)``, ``apply(plan)``,
+        ``reset()``, ``export()`` do from code what the controls do.
+    """
     return StrategyEditor(
         fn, *args, mesh=mesh, in_shardings=in_shardings, device=device, compile=compile
     )

@@ -21,23 +21,41 @@ from jax.sharding import Mesh, PartitionSpec
 
 from ..parallel import analyze, predict
 from ..parallel.cost import layouts as L
+from ..parallel.display import human_bytes, human_time
 from ..parallel.graph.opgraph import OpGraph
 from ..parallel.graph.trace import Traced, trace
+from ..parallel.labels import group_label, path_label, source_label
 from ..parallel.plan.binding import Binding
 from ..parallel.plan.fixed import fixed_plan
 from ..parallel.plan.plan import Plan
 from ..parallel.records import CostBreakdown, Report
-from ..parallel.specs import ShardingSpecError, check_spec, spec_entries
+from ..parallel.specs import ShardingSpecError, check_spec, make_spec, spec_entries
+from ._capture import captured_stderr
 
 
 @dataclass(frozen=True)
 class Leaf:
-    """One array argument of the function: its path label (``params/w1``, as plans name
-    it) and shape."""
+    """One array argument of the function: its path (``params/blocks/3/w1``, as
+    ``Plan.input_paths`` stores it), its label as the user indexes it
+    (``params["blocks"][3]["w1"]``, ``Plan.input_labels``), its layer group's label
+    (``params["blocks"][*]["w1"]``), shape and dtype."""
 
-    label: str
+    path: str
     shape: tuple[int, ...]
     dtype: str
+
+    @property
+    def label(self) -> str:
+        return path_label(self.path)
+
+    @property
+    def group(self) -> str:
+        return group_label(self.path)
+
+    @property
+    def argument(self) -> str:
+        """The top-level argument's name (``params``, ``batch``)."""
+        return path_label(self.path.split("/", 1)[0])
 
 
 @dataclass(frozen=True)
@@ -69,6 +87,7 @@ class CompileResult:
     error: str | None = None
     seconds: float = 0.0
     superseded: bool = False
+    messages: str = ""  # what XLA's C++ wrote to stderr while compiling (warnings)
 
 
 @dataclass
@@ -85,6 +104,9 @@ class EditorModel:
     current: Evaluation | None = field(default=None, init=False)
     previous: Evaluation | None = field(default=None, init=False)
     constraints: dict[int, PartitionSpec] = field(default_factory=dict, init=False)
+    # The plan last applied (``set_plan``) while no edit has followed: its own figures are
+    # shown and compiled, not a re-prediction of its input layouts.
+    applied: Plan | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         # Traced once; every edit reuses it. Scans are unrolled as the search does, so a
@@ -111,13 +133,13 @@ class EditorModel:
         for node in self.graph.nodes:
             if node.primitive != "dot_general" or not node.outputs:
                 continue
-            where = node.source.rsplit("/", 1)[-1] if node.source else "?"
+            where = source_label(node.source, missing="(no source line)")
             if node.origin is not None:
                 if node.origin[1] != groups[node.origin[0]].length // 2:
                     continue
                 where += " (scan body, every iteration)"
             shape = tuple(self.graph.shapes[node.outputs[0]])
-            out.append(Intermediate(node.index, f"#{node.index} dot_general @ {where}", shape))
+            out.append(Intermediate(node.index, f"matmul at {where}", shape))
             if len(out) >= MAX_INTERMEDIATES:
                 break
         return tuple(out)
@@ -166,6 +188,24 @@ class EditorModel:
             check_spec(spec, leaf.shape, self.mesh, where=f"argument {leaf.label}")
         return self._evaluate(list(specs))
 
+    def index(self, label: str) -> int:
+        """The leaf index of a label (``params["blocks"][0]["w1"]``) or a path
+        (``params/blocks/0/w1``).
+
+        Raises:
+            KeyError: no such leaf; the message lists a few valid labels.
+        """
+        for i, leaf in enumerate(self.leaves):
+            if label in (leaf.label, leaf.path):
+                return i
+        some = ", ".join(leaf.label for leaf in self.leaves[:4])
+        raise KeyError(f"no argument leaf {label!r}; leaves are labelled like {some}")
+
+    def members(self, group: str) -> list[int]:
+        """The leaf indices of a layer group (``params["blocks"][*]["w1"]``) or one label."""
+        found = [i for i, leaf in enumerate(self.leaves) if leaf.group == group]
+        return found or [self.index(group)]
+
     def edit(self, leaf_index: int, dim: int, axes: tuple[str, ...]) -> Evaluation:
         """Splits dimension ``dim`` of leaf ``leaf_index`` over ``axes`` (``()``: none).
 
@@ -173,15 +213,58 @@ class EditorModel:
             ShardingSpecError: the choice does not fit (the dimension is not divisible, an
                 axis is already used by another dimension...). The strategy is unchanged.
         """
-        leaf = self.leaves[leaf_index]
-        entries = spec_entries(self.specs[leaf_index])
-        entries += [()] * (len(leaf.shape) - len(entries))
-        entries[dim] = tuple(axes)
-        spec = PartitionSpec(*[(e[0] if len(e) == 1 else (e or None)) for e in entries])
-        check_spec(spec, leaf.shape, self.mesh, where=f"argument {leaf.label}")
+        return self.edit_many([(leaf_index, dim, axes)])
+
+    def edit_many(self, edits: list[tuple[int, int, tuple[str, ...]]]) -> Evaluation:
+        """Several edits as one strategy change (a layer group's control): validated
+        together, predicted once.
+
+        Raises:
+            ShardingSpecError: one choice does not fit; the strategy is unchanged.
+        """
         specs = list(self.specs)
-        specs[leaf_index] = spec
+        for leaf_index, dim, axes in edits:
+            leaf = self.leaves[leaf_index]
+            entries = spec_entries(specs[leaf_index])
+            entries += [()] * (len(leaf.shape) - len(entries))
+            entries[dim] = tuple(axes)
+            spec = PartitionSpec(*[(e[0] if len(e) == 1 else (e or None)) for e in entries])
+            check_spec(spec, leaf.shape, self.mesh, where=f"argument {leaf.label}")
+            specs[leaf_index] = spec
         return self._evaluate(specs)
+
+    def set_plan(self, plan: Plan) -> Evaluation:
+        """Shows ``plan`` itself: its input layouts and first-output constraints in the
+        controls, its own predicted cost as the figures, and ``plan.verify()`` as the
+        compile — until the next edit makes the strategy a hand-specified one.
+
+        (Re-predicting from the input layouts alone would drop what else the plan fixes —
+        output layouts, reshards before operations, constraints on later outputs — and show
+        the figures of another strategy.)
+
+        Raises:
+            ValueError: the plan was made for other arguments.
+        """
+        if len(plan.input_specs) != len(self.leaves):
+            raise ValueError(
+                f"the plan has {len(plan.input_specs)} input shardings but the editor has "
+                f"{len(self.leaves)} leaves; was it made for another function?"
+            )
+        specs = [make_spec(layout) for layout in plan.input_specs]
+        for leaf, spec in zip(self.leaves, specs, strict=True):
+            check_spec(spec, leaf.shape, self.mesh, where=f"argument {leaf.label}")
+        self.constraints = {
+            node: outs[0] for node, outs in plan.intermediate_specs().items() if outs and outs[0]
+        }
+        with self._lock:
+            self.generation += 1
+            self.specs = specs
+            self.applied = plan
+            self.previous, self.current = (
+                self.current,
+                Evaluation(self.generation, tuple(specs), plan.cost, 0.0),
+            )
+            return self.current
 
     def _evaluate(self, specs: list[PartitionSpec]) -> Evaluation:
         start = time.perf_counter()
@@ -197,6 +280,7 @@ class EditorModel:
         with self._lock:
             self.generation += 1
             self.specs = specs
+            self.applied = None
             self.previous, self.current = (
                 self.current,
                 Evaluation(self.generation, tuple(specs), cost, time.perf_counter() - start),
@@ -210,20 +294,27 @@ class EditorModel:
         marked ``superseded`` (the view ignores it).
         """
         generation, specs = self.generation, list(self.specs)
-        constraints = dict(self.constraints)
+        constraints, applied = dict(self.constraints), self.applied
 
         def job() -> None:
             start = time.perf_counter()
             result = CompileResult(generation)
             try:
-                # The plan's function: the traced graph re-evaluated with the constraints
-                # inserted. Output layouts are left to XLA (in_shardings only).
-                fn = self._function(constraints)
-                result.report = analyze(
-                    fn, *self.args, mesh=self.mesh, in_shardings=self.in_shardings(specs)
-                )
+                # XLA's C++ warnings ("Involuntary full rematerialization...") belong to
+                # this view, not to whichever cell runs next.
+                with captured_stderr() as messages:
+                    if applied is not None:  # an applied plan: its own verify()
+                        result.report = applied.verify()
+                    else:
+                        # The hand plan's function: the traced graph re-evaluated with the
+                        # constraints inserted. Output layouts are left to XLA.
+                        fn = self._function(constraints)
+                        result.report = analyze(
+                            fn, *self.args, mesh=self.mesh, in_shardings=self.in_shardings(specs)
+                        )
             except Exception as error:  # shown in the editor; the kernel keeps running
                 result.error = f"{type(error).__name__}: {error}"
+            result.messages = messages.text
             result.seconds = time.perf_counter() - start
             with self._lock:
                 result.superseded = generation != self.generation
@@ -243,6 +334,8 @@ class EditorModel:
         Its cost is the cost model's for this strategy (the figures the editor shows);
         ``plan.jit()``, ``plan.verify()`` and ``plan.to_code()`` work as for a searched plan.
         """
+        if self.applied is not None:  # no edit since: the plan itself
+            return self.applied
         graph, specs, constraints = self.graph, list(self.specs), dict(self.constraints)
         return fixed_plan(
             self.traced,
@@ -281,18 +374,21 @@ class EditorModel:
 
 
 def diff(before: CostBreakdown | None, after: CostBreakdown) -> list[str]:
-    """What changed between two predictions, in words."""
+    """What changed between two predictions, in words and human units."""
     if before is None:
         return []
     out = []
     for kind in after.comm_bytes:
         b, a = before.comm_bytes.get(kind, 0.0), after.comm_bytes[kind]
         if abs(a - b) > 0.5:
-            out.append(f"{kind}: {b:,.0f} → {a:,.0f} B")
+            out.append(f"{kind}: {human_bytes(b)} → {human_bytes(a)}")
     if before.memory.peak != after.memory.peak:
-        out.append(f"peak memory per device: {before.memory.peak:,} → {after.memory.peak:,} B")
+        out.append(
+            f"memory per device: {human_bytes(before.memory.peak)} → "
+            f"{human_bytes(after.memory.peak)}"
+        )
     if abs(before.time - after.time) > 1e-9:
-        out.append(f"step time: {before.time * 1e3:.3f} → {after.time * 1e3:.3f} ms")
+        out.append(f"step time: {human_time(before.time)} → {human_time(after.time)}")
     return out or ["no change in the predicted figures"]
 
 
