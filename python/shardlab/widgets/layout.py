@@ -15,6 +15,8 @@ from ._html import View, color, error_html, esc, fmt_bytes, panel
 
 MAX_TILES = 256  # beyond this the view shows a summary instead of every tile
 CELL = 34
+LONG_PX = 280  # the longer side of an array drawn to scale
+MIN_TILE_PX = 14  # tiles are never thinner than this (the drawing is then stretched)
 
 
 def _draw_dims(record: TileMap) -> tuple[int, ...]:
@@ -22,6 +24,23 @@ def _draw_dims(record: TileMap) -> tuple[int, ...]:
     dims = list(range(len(record.shape)))
     dims.sort(key=lambda d: (not record.dim_axes[d], -record.shape[d]))
     return tuple(sorted(dims[:2]))
+
+
+def _extent(
+    record: TileMap, row_dim: int | None, col_dim: int, n_rows: int, n_cols: int
+) -> tuple[float, float, bool]:
+    """Width and height of the drawing: the array's aspect ratio (a 64×512 batch is wide
+    and short, a 512×512 weight square), the longer side ``LONG_PX``; a side is stretched
+    only where its tiles would be thinner than ``MIN_TILE_PX`` (then not to scale)."""
+    n_r = record.shape[row_dim] if row_dim is not None else 1
+    n_c = record.shape[col_dim]
+    if row_dim is None:  # one drawn dimension: a strip
+        return float(max(LONG_PX // 2, MIN_TILE_PX * n_cols)), float(CELL), True
+    scale = LONG_PX / max(n_r, n_c, 1)
+    width, height = n_c * scale, n_r * scale
+    stretched_w, stretched_h = max(width, MIN_TILE_PX * n_cols), max(height, MIN_TILE_PX * n_rows)
+    to_scale = stretched_w == width and stretched_h == height
+    return min(stretched_w, 2 * LONG_PX), min(stretched_h, 2 * LONG_PX), to_scale
 
 
 def _tile_groups(record: TileMap) -> dict[tuple[int, ...], int]:
@@ -39,8 +58,7 @@ def _array_svg(record: TileMap) -> str:
     # Distinct (start, stop) per drawn dim give the grid lines.
     cols = sorted({t.index[col_dim] for t in record.tiles})
     rows = sorted({t.index[row_dim] for t in record.tiles}) if row_dim is not None else [(0, 1)]
-    width = max(240, min(480, CELL * len(cols)))
-    height = max(CELL, min(320, CELL * len(rows))) if row_dim is not None else CELL
+    width, height, to_scale = _extent(record, row_dim, col_dim, len(rows), len(cols))
     parts = []
     groups = _tile_groups(record)
     seen: set[tuple[int, int]] = set()
@@ -60,13 +78,14 @@ def _array_svg(record: TileMap) -> str:
         labels.append(
             f"<text x='-4' y='{height / 2}' text-anchor='end' font-size='10'>dim {row_dim}</text>"
         )
+    scale_note = "" if to_scale else " (not to scale)"
     labels.append(
         f"<text x='{width / 2}' y='{height + 12}' text-anchor='middle' font-size='10'>"
-        f"dim {col_dim}</text>"
+        f"dim {col_dim}{scale_note}</text>"
     )
     return (
-        f"<svg class='sl-array' width='{width + 60}' height='{height + 18}' "
-        f"viewBox='-50 0 {width + 60} {height + 18}'>{''.join(parts)}{''.join(labels)}</svg>"
+        f"<svg class='sl-array' width='{width + 60:.0f}' height='{height + 18:.0f}' "
+        f"viewBox='-50 0 {width + 60:.0f} {height + 18:.0f}'>{''.join(parts)}{''.join(labels)}</svg>"
     )
 
 
@@ -142,8 +161,11 @@ class LayoutView(View):
             f"shard {list(r.shard_shape)} = {fmt_bytes(r.shard_bytes)} per device; "
             f"{len(r.tiles)} distinct tile(s)",
         ]
-        if r.replicated_axes:
-            lines.append("replicated over " + ", ".join(r.replicated_axes))
+        copies = math.prod(dict(r.mesh_axes)[a] for a in r.replicated_axes)
+        if math.prod(s for _, s in r.mesh_axes) == 1:
+            lines.append("1 device: the whole array on it")
+        elif r.replicated_axes and copies > 1:
+            lines.append(f"replicated over {', '.join(r.replicated_axes)} ({copies} copies)")
         for tile in r.tiles[:16]:
             index = ", ".join(f"{a}:{b}" for a, b in tile.index)
             lines.append(f"  [{index}] on devices {list(tile.devices)}")
@@ -155,14 +177,18 @@ class LayoutView(View):
         if self.record is None:
             return error_html("sl-layout", f"layout error: {self.error}")
         r = self.record
-        replicated = (
-            "replicated over "
-            + ", ".join(f"<b>{esc(a)}</b>" for a in r.replicated_axes)
-            + f" (each tile on {math.prod(dict(r.mesh_axes)[a] for a in r.replicated_axes)}"
-            " devices)"
-            if r.replicated_axes
-            else "no replication: every device holds a different tile"
-        )
+        copies = math.prod(dict(r.mesh_axes)[a] for a in r.replicated_axes)
+        devices = math.prod(s for _, s in r.mesh_axes)
+        if devices == 1:
+            replicated = "1 device: the whole array on it"
+        elif r.replicated_axes and copies > 1:
+            replicated = (
+                "replicated over "
+                + ", ".join(f"<b>{esc(a)}</b>" for a in r.replicated_axes)
+                + f" (each tile on {copies} devices)"
+            )
+        else:
+            replicated = "no replication: every device holds a different tile"
         head = (
             f"<div>{esc(self.name + ': ' if self.name else '')}<code>{esc(r.dtype)}"
             f"{esc(list(r.shape))}</code> <code>{esc(r.spec)}</code> — shard "
