@@ -116,12 +116,16 @@ def _evaluate(
             i = group.end
             continue
         invals = [_read(graph, env, v) for v in node.inputs]
-        for k, sharding in operands.get(node.index, {}).items():
-            invals[k] = _constrain(invals[k], sharding)
-        results = _bind(node.eqn, invals)
         specs = outs.get(node.index)
-        for k, (v, x) in enumerate(zip(node.outputs, results, strict=True)):
-            env[v] = _constrain(x, specs[k]) if specs is not None else x
+        reshards = operands.get(node.index, {})
+        # The constraints are staged in the equation's source context: a collective the
+        # partitioner inserts for them names the user's line, not this file.
+        with _context(node.eqn) if (reshards or specs) else contextlib.nullcontext():
+            for k, sharding in reshards.items():
+                invals[k] = _constrain(invals[k], sharding)
+            results = _bind(node.eqn, invals)
+            for k, (v, x) in enumerate(zip(node.outputs, results, strict=True)):
+                env[v] = _constrain(x, specs[k]) if specs is not None else x
         i += 1
 
 
@@ -142,7 +146,8 @@ def _scan(
     init = [_read(graph, env, v) for v in group.inputs[group.num_consts : n_fixed]]
     xs = [_read(graph, env, v) for v in group.inputs[n_fixed:]]
     slices, stacks = group.slices[group.length // 2], group.stacks[group.length // 2]
-    xs = [_constrain(x, operands.get(n, {}).get(0)) for x, n in zip(xs, slices, strict=True)]
+    with _context(group.eqn):
+        xs = [_constrain(x, operands.get(n, {}).get(0)) for x, n in zip(xs, slices, strict=True)]
     x_specs = [(outs.get(n) or [None])[0] for n in slices]
     # a stack node's last operand is the iteration's output
     y_specs = [operands.get(n, {}).get(len(graph.nodes[n].inputs) - 1) for n in stacks]
@@ -160,7 +165,7 @@ def _scan(
         carry, ys = jax.lax.scan(
             step, init, xs, length=group.length, reverse=group.reverse, unroll=p.get("unroll", 1)
         )
-    last = group.stacks[-1]
-    ys = [_constrain(y, (outs.get(n) or [None])[0]) for y, n in zip(ys, last, strict=True)]
+        last = group.stacks[-1]
+        ys = [_constrain(y, (outs.get(n) or [None])[0]) for y, n in zip(ys, last, strict=True)]
     for v, x in zip(group.outputs, [*carry, *ys], strict=True):
         env[v] = x
