@@ -167,9 +167,10 @@ def _merge(events: list[Event]) -> tuple[Event, ...]:
         if (
             last is not None
             and event.stream == "compute" == last.stream
+            and event.device == last.device  # a measured trace is sorted device by device
             and event.start - last.end < 1e-12
         ):
-            merged[-1] = dataclasses.replace(last, end=event.end, label="compute")
+            merged[-1] = dataclasses.replace(last, end=max(last.end, event.end), label="compute")
         else:
             merged.append(event)
     return tuple(merged)
