@@ -9,66 +9,51 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..parallel.cost.schedule import Event, Timeline, measure, schedule
+from ..parallel.cost.schedule import Timeline, measure, schedule
 from ..parallel.plan.plan import Plan
 from ._html import KIND_COLORS, View, esc, fmt_time, panel, source_label
+from .timeline_lanes import build_lanes
 
 WIDTH = 860
 LANE = 18
 MAX_RECTS = 3000
-
-
-def _lanes(timeline: Timeline) -> list[tuple[str, list[Event]]]:
-    if not timeline.measured:
-        return [
-            ("compute", [e for e in timeline.events if e.stream == "compute"]),
-            ("communication", [e for e in timeline.events if e.stream == "communication"]),
-        ]
-    lanes = []
-    for device in sorted({e.device for e in timeline.events}):
-        mine = [e for e in timeline.events if e.device == device]
-        lanes.append((f"device {device}", mine))
-    return lanes
+COMPUTE_COLOR = "#9ecae1"
 
 
 def _svg(timeline: Timeline) -> str:
-    lanes = _lanes(timeline)
+    """Lanes of two rows (compute over communication); at most ``MAX_RECTS`` rectangles,
+    shared fairly between the lanes (``timeline_lanes.reduce_fairly``): every device drawn."""
+    lanes = build_lanes(timeline, budget=MAX_RECTS)
     scale = WIDTH / max(timeline.total, 1e-12)
+    row = LANE // 2
     parts = []
-    drawn = 0
-    for row, (name, events) in enumerate(lanes):
-        y = row * (LANE + 4)
+    for index, name in enumerate(lanes.lanes):
+        y = index * (LANE + 4)
         parts.append(
             f"<text x='-6' y='{y + LANE - 5}' text-anchor='end' font-size='10'>{esc(name)}</text>"
         )
-        for event in events:
-            if drawn >= MAX_RECTS:
-                break
-            drawn += 1
-            x, w = event.start * scale, max((event.end - event.start) * scale, 0.6)
-            fill = KIND_COLORS.get(event.kind, "#888") if event.kind else "#9ecae1"
-            stroke = " stroke='#b00020' stroke-width='1.5'" if event.exposed > 0 else ""
-            title = (
-                f"{event.label}: {fmt_time(event.end - event.start)} at {fmt_time(event.start)}"
-                + (f"\nexposed (compute waits): {fmt_time(event.exposed)}" if event.exposed else "")
-                + (f"\nsource: {source_label(event.source)}" if event.source else "")
-            )
-            cls = "sl-comm" if event.stream == "communication" else "sl-compute"
-            exposed = " sl-exposed" if event.exposed > 0 else ""
-            parts.append(
-                f"<g class='{cls}{exposed}'><title>{esc(title)}</title><rect x='{x:.2f}' "
-                f"y='{y}' width='{w:.2f}' height='{LANE}' fill='{fill}'{stroke}/></g>"
-            )
-    height = len(lanes) * (LANE + 4) + 14
+    for item in lanes.intervals:
+        y = item.lane * (LANE + 4) + (row if item.stream == "communication" else 0)
+        x, w = item.start * scale, max((item.end - item.start) * scale, 0.6)
+        fill = KIND_COLORS.get(item.kind, "#888") if item.kind != "compute" else COMPUTE_COLOR
+        stroke = " stroke='#b00020' stroke-width='1.5'" if item.exposed > 0 else ""
+        title = (
+            f"{item.label}: {fmt_time(item.end - item.start)} at {fmt_time(item.start)}"
+            + (f"\nexposed (compute waits): {fmt_time(item.exposed)}" if item.exposed else "")
+            + (f"\nsource: {source_label(item.source)}" if item.source else "")
+        )
+        cls = "sl-comm" if item.stream == "communication" else "sl-compute"
+        exposed = " sl-exposed" if item.exposed > 0 else ""
+        parts.append(
+            f"<g class='{cls}{exposed}' data-lane='{item.lane}'><title>{esc(title)}</title>"
+            f"<rect x='{x:.2f}' y='{y}' width='{w:.2f}' height='{row}' fill='{fill}'{stroke}/></g>"
+        )
+    height = len(lanes.lanes) * (LANE + 4) + 14
     axis = (
         f"<text x='0' y='{height - 2}' font-size='10'>0</text><text x='{WIDTH}' "
         f"y='{height - 2}' font-size='10' text-anchor='end'>{fmt_time(timeline.total)}</text>"
     )
-    note = (
-        f"<div class='sl-note'>{drawn} of {len(timeline.events)} intervals drawn</div>"
-        if drawn < len(timeline.events)
-        else ""
-    )
+    note = f"<div class='sl-note sl-reduced'>{esc(lanes.note())}</div>" if lanes.reduced else ""
     return (
         f"<svg class='sl-timeline-svg' width='{WIDTH + 110}' height='{height}' "
         f"viewBox='-100 0 {WIDTH + 110} {height}'>{''.join(parts)}{axis}</svg>{note}"
@@ -117,11 +102,27 @@ class TimelineView(View):
             f"<span style='color:{c}'>■</span> {esc(k)}" for k, c in KIND_COLORS.items()
         )
         parts.append(
-            f"<div class='sl-note'><span style='color:#9ecae1'>■</span> compute {legend}; "
+            f"<div class='sl-note'><span style='color:{COMPUTE_COLOR}'>■</span> compute {legend}; "
             "red outline: communication the compute stream waits for</div>"
         )
         parts.extend(f"<div class='sl-note'>{esc(n)}</div>" for n in self.notes)
         return panel("sl-timeline-view", "".join(parts), title="timeline")
+
+    def bokeh(self) -> View:
+        """The interactive form (``bokeh_timeline``), this view as its static fallback."""
+        from .bokeh_timeline import BokehTimelineView
+
+        return BokehTimelineView(self.timelines, fallback=self, notes=self.notes)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        try:
+            view = self.bokeh()
+        except ImportError:  # no bokeh: the SVG view alone
+            display(self._repr_mimebundle_(), raw=True)
+            return
+        view._ipython_display_()  # type: ignore[attr-defined]
 
 
 def timeline(
@@ -147,11 +148,21 @@ def timeline(
         args = tuple(plan_or_fn.binding.args)
     if mesh is None:
         raise ValueError("timeline(fn, *args, mesh=..., in_shardings=...) needs a mesh")
-    notes = []
+    notes: list[str] = []
     views = [schedule(fn, *args, mesh=mesh, in_shardings=in_shardings, device=device)]
     if measured:
         try:
             views.append(measure(fn, *args, mesh=mesh, in_shardings=in_shardings))
         except Exception as error:  # the model timeline stands on its own
             notes.append(f"no measured timeline: {type(error).__name__}: {error}")
+    if len(views) == 2:
+        from .bokeh_timeline import difference_note
+
+        notes.append(difference_note(views[0], views[1], platform=_platform()))
     return TimelineView(views, notes=notes)
+
+
+def _platform() -> str:
+    import jax
+
+    return str(jax.devices()[0].platform)
