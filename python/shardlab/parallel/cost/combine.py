@@ -44,33 +44,70 @@ def loop_of(g: OpGraph, node: int) -> tuple[int, int] | None:
     return None if origin is None else (origin[0], origin[1])
 
 
+def post_order(g: OpGraph) -> dict[int, int]:
+    """Per node, its position in a depth-first post order from the graph's outputs, operands
+    in order (``HloComputation::MakeInstructionPostOrder``); nodes no output reads come
+    after, in program order."""
+    pos: dict[int, int] = {}
+    for out in g.outputs:
+        root = g.producer(out)
+        if root < 0 or root in pos:
+            continue
+        stack: list[tuple[int, int]] = [(root, 0)]
+        seen = {root}
+        while stack:
+            i, k = stack.pop()
+            inputs = g.nodes[i].inputs
+            while k < len(inputs):
+                p = g.producer(inputs[k])
+                k += 1
+                if p >= 0 and p not in pos and p not in seen:
+                    stack.append((i, k))
+                    stack.append((p, 0))
+                    seen.add(p)
+                    break
+            else:
+                pos[i] = len(pos)
+    for node in g.nodes:
+        pos.setdefault(node.index, len(pos))
+    return pos
+
+
 def all_reduce_groups(
     g: OpGraph, collectives: Sequence[Collective], nodes: Sequence[int]
 ) -> list[tuple[int, tuple[str, ...]] | None]:
     """Per collective, the group XLA's all-reduce combiner would merge it into (``None``
-    for other kinds). Per set of mesh axes, an all-reduce's level is one more than the
-    highest level upstream of the node it reduces, counting only all-reduces over the same
-    axes: one that depends on another of its axes is a level above it, so all-reduces of one
-    level over the same axes are independent (reductions over other axes in between, a
-    Megatron layer's all-reduces over ``model`` between data-parallel gradients, do not
-    order them)."""
+    for other kinds). As the combiner does, walk the all-reduces in post order from the
+    outputs (``post_order``, the order the combiner visits HLO instructions), per set of
+    mesh axes: each joins the open group unless it depends on a member (its node is
+    downstream of a reduced value in the group), which closes the group and opens the next.
+    Only all-reduces over the same axes order each other: a Megatron layer's reductions over
+    ``model`` between data-parallel gradients do not split them; a forward reduction the
+    loss's backward reads (a load-balancing mean) closes its group before the gradients."""
     reducing: dict[tuple[str, ...], set[int]] = {}
     for c, n in zip(collectives, nodes, strict=True):
         if c.kind == "all-reduce" and n >= 0:
             reducing.setdefault(c.mesh_axes, set()).add(n)
-    levels: dict[tuple[str, ...], list[int]] = {}
+    group_of: dict[tuple[tuple[str, ...], int], int] = {}
+    order = post_order(g) if reducing else {}
     for axes, here in reducing.items():
-        level = [0] * len(g.nodes)
+        bit = {n: 1 << k for k, n in enumerate(sorted(here))}
+        below = [0] * len(g.nodes)  # reduced values (as bits) each node's inputs descend from
         for node in g.nodes:
-            lvl = 0
+            deps = 0
             for v in node.inputs:
                 p = g.producer(v)
-                if p >= 0 and level[p] > lvl:
-                    lvl = level[p]
-            level[node.index] = lvl + (node.index in here)
-        levels[axes] = level
+                if p >= 0:
+                    deps |= below[p] | bit.get(p, 0)
+            below[node.index] = deps
+        group, members = 0, 0
+        for n in sorted(here, key=order.__getitem__):
+            if below[n] & members:
+                group, members = group + 1, 0
+            members |= bit[n]
+            group_of[(axes, n)] = group
     return [
-        (levels[c.mesh_axes][n], c.mesh_axes) if c.kind == "all-reduce" and n >= 0 else None
+        (group_of[(c.mesh_axes, n)], c.mesh_axes) if c.kind == "all-reduce" and n >= 0 else None
         for c, n in zip(collectives, nodes, strict=True)
     ]
 
