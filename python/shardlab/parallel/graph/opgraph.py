@@ -170,10 +170,17 @@ class OpGraph:
     scan_groups: list[ScanGroup] = dataclasses.field(default_factory=list)
     _producer: list[int] | None = dataclasses.field(default=None, repr=False)
     _consumers: list[list[int]] | None = dataclasses.field(default=None, repr=False)
+    _nbytes: list[int] | None = dataclasses.field(default=None, repr=False)
 
     def nbytes(self, var: int) -> int:
         """Global bytes of a variable."""
-        return int(np.prod(self.shapes[var], dtype=np.int64)) * itemsize_of(self.dtypes[var])
+        sizes = self._nbytes
+        if sizes is None:
+            sizes = self._nbytes = [
+                math.prod(shape) * itemsize_of(dtype)
+                for shape, dtype in zip(self.shapes, self.dtypes, strict=True)
+            ]
+        return sizes[var]
 
     def producer(self, var: int) -> int:
         """Index of the node producing ``var``, or -1 for inputs and literals."""

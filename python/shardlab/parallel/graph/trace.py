@@ -135,9 +135,10 @@ def trace(fn: Callable[..., Any], *args: Any, unroll_scans: bool = True) -> Trac
     per_fn = _memo_of(fn)
     hit = None if per_fn is None or memo_key is None else per_fn.get(memo_key)
     if hit is not None:
-        closed, out_shape, out_split = hit
+        closed, out_shape, out_split, graphs = hit
         outputs.append(out_split)
     else:
+        graphs = {}
 
         def traced_fn(*dyn: Any) -> Any:
             out = fn(*parts.combine(dyn))
@@ -155,8 +156,11 @@ def trace(fn: Callable[..., Any], *args: Any, unroll_scans: bool = True) -> Trac
         if per_fn is not None and memo_key is not None:
             if len(per_fn) >= _MEMO_PER_FUNCTION:
                 per_fn.pop(next(iter(per_fn)))
-            per_fn[memo_key] = (closed, out_shape, outputs[-1])
-    graph = build_from_jaxpr(closed, unroll_scans=unroll_scans)
+            per_fn[memo_key] = (closed, out_shape, outputs[-1], graphs)
+    # The op graph is read-only once built: one per jaxpr and unrolling, like the jaxpr.
+    graph = graphs.get(unroll_scans)
+    if graph is None:
+        graph = graphs[unroll_scans] = build_from_jaxpr(closed, unroll_scans=unroll_scans)
     counts = [len(jax.tree_util.tree_leaves(a)) for a in dynamic]
     return Traced(
         fn=fn,
