@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from .parallel.records import PlanRow
     from .parallel.search.driver import confirm_plan as confirm
     from .parallel.search.driver import search
-    from .widgets import commgraph, editor, memory, show, timeline, watch
+    from .widgets import commgraph, editor, explore, memory, show, timeline, watch
 
 # Public name -> (module, attribute; None: the module itself).
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -79,7 +79,10 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "PlanRow": (".parallel.records", "PlanRow"),
     "search": (".parallel.search.driver", "search"),
     "confirm": (".parallel.search.driver", "confirm_plan"),
-    **{n: (".widgets", n) for n in ("commgraph", "editor", "memory", "show", "timeline", "watch")},
+    **{
+        n: (".widgets", n)
+        for n in ("commgraph", "editor", "explore", "memory", "show", "timeline", "watch")
+    },
 }
 
 
@@ -135,6 +138,7 @@ __all__ = [
     "converted",
     "editor",
     "examples",
+    "explore",
     "load_ipython_extension",
     "memory",
     "mesh",

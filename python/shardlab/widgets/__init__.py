@@ -8,10 +8,12 @@ them). Live parts are stock ipywidgets controls plus outputs updated in place by
 
 from __future__ import annotations
 
+from .bokeh_explorer import Explorer, explore
 from .commgraph import CommGraphView, commgraph
 from .compare import bisect_html, compare_html  # registers the compare/bisect views
 from .editor import StrategyEditor, editor
 from .layout import LayoutView, show
+from .long_work import default_bar  # registers the progress bar of search and verify()
 from .memory import MemoryPanel, memory
 from .records_html import cost_html, plan_html, report_html  # registers the records' HTML
 from .timeline import TimelineView, timeline
@@ -19,6 +21,7 @@ from .watch import Watch, watch
 
 __all__ = [
     "CommGraphView",
+    "Explorer",
     "LayoutView",
     "MemoryPanel",
     "StrategyEditor",
@@ -28,7 +31,9 @@ __all__ = [
     "commgraph",
     "compare_html",
     "cost_html",
+    "default_bar",
     "editor",
+    "explore",
     "memory",
     "plan_html",
     "report_html",

@@ -32,7 +32,7 @@ from .timeline_lanes import Interval, Lanes, build_lanes
 MAX_INTERVALS = 20_000
 COMPUTE_COLOR = "#9ecae1"
 EXPOSED_COLOR = "#b00020"
-WIDTH = 920
+WIDTH = 960
 ROW_PX = 30
 
 
@@ -162,7 +162,17 @@ def _figure(lanes: Lanes, summary: str, x_range: Any, unit: str, factor: float) 
             ],
         )
     )
-    fig.add_layout(Legend(items=legend, click_policy="hide", label_text_font_size="11px"), "right")
+    fig.add_layout(
+        Legend(
+            items=legend,
+            click_policy="hide",
+            label_text_font_size="11px",
+            orientation="horizontal",
+            padding=2,
+            margin=2,
+        ),
+        "above",
+    )
     return fig
 
 

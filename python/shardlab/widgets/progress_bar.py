@@ -1,0 +1,88 @@
+"""A progress bar for long work: an ipywidgets bar in a notebook, a text bar in a terminal.
+
+Both appear only after ``DELAY_S`` (work that ends sooner shows nothing) and say what is
+being done. ``bar(fraction, message)`` is the ``progress=`` callback shardlab's long calls
+take.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+DELAY_S = 1.0
+TEXT_WIDTH = 30
+
+
+def _in_notebook() -> bool:
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+class ProgressBar:
+    """``with ProgressBar("explore") as bar: bar(0.5, "searching: ilp")``."""
+
+    def __init__(self, what: str, *, delay: float = DELAY_S, stream: Any = None) -> None:
+        self.what = what
+        self.delay = delay
+        self.stream = stream if stream is not None else sys.stderr
+        self.started = time.perf_counter()
+        self.widget: Any = None
+        self.label: Any = None
+        self.shown_text = False
+        self.fraction = 0.0
+        self.message = ""
+
+    def __enter__(self) -> ProgressBar:
+        self.started = time.perf_counter()
+        return self
+
+    def __call__(self, fraction: float, message: str) -> None:
+        self.fraction = max(0.0, min(1.0, float(fraction)))
+        self.message = message
+        if time.perf_counter() - self.started < self.delay:
+            return
+        if _in_notebook():
+            self._widget_update()
+        else:
+            self._text_update()
+
+    def _widget_update(self) -> None:
+        if self.widget is None:
+            import ipywidgets
+            from IPython.display import display
+
+            bar = ipywidgets.FloatProgress(min=0.0, max=1.0, description=self.what)
+            self.label = ipywidgets.Label()
+            self.widget = ipywidgets.HBox([bar, self.label])
+            display(self.widget)
+        bar = self.widget.children[0]
+        bar.value = self.fraction
+        self.label.value = f"{self.fraction:.0%} {self.message}"
+
+    def _text_update(self) -> None:
+        filled = round(TEXT_WIDTH * self.fraction)
+        line = f"\r{self.what} [{'#' * filled}{'.' * (TEXT_WIDTH - filled)}] "
+        line += f"{self.fraction:4.0%} {self.message[:60]:<60}"
+        self.stream.write(line)
+        self.stream.flush()
+        self.shown_text = True
+
+    def done(self, message: str) -> None:
+        """The final state: the bar full (or where it stopped) and ``message``."""
+        if self.widget is not None:
+            self.widget.children[0].value = self.fraction
+            self.label.value = message
+        elif self.shown_text:
+            self.stream.write(f"\r{self.what}: {message:<{TEXT_WIDTH + 70}}\n")
+            self.stream.flush()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.widget is not None:
+            self.widget.close()  # the result replaces it
+            self.widget = None
+        elif self.shown_text:
+            self.stream.write("\n")
+            self.stream.flush()
