@@ -117,6 +117,10 @@ def collect(
     def step(message: str) -> None:
         report(done / steps, message)
 
+    def within(message: str) -> Callable[[float, str], None]:
+        """The progress of one search as a part of the whole (and no bar of its own)."""
+        return lambda fraction, inner: report((done + fraction) / steps, f"{message}: {inner}")
+
     if plan is not None:
         found.append(Candidate.of(f"this plan ({plan.method})", "plan", plan))
     try:
@@ -129,6 +133,7 @@ def collect(
                     mesh=mesh,
                     method=method,
                     device=device,
+                    progress=within(f"search: {method}"),
                     confirm=False,
                     verify_budget=False,
                     time_limit=ILP_TIME_LIMIT_S,
@@ -156,6 +161,7 @@ def collect(
                     mesh=mesh,
                     memory_budget=budget,
                     device=device,
+                    progress=within(f"search within {fmt_bytes(budget)}"),
                     confirm=False,
                     verify_budget=False,
                     time_limit=ILP_TIME_LIMIT_S,

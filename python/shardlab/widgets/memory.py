@@ -150,6 +150,7 @@ class MemoryPanel:
         self.release_button.on_click(guarded(lambda _: self.release(), self._error))
         self.refresh_button.on_click(guarded(lambda _: self.refresh(), self._error))
         self.controls = ipywidgets.HBox([self.release_button, self.refresh_button])
+        self.history: Any = None  # bokeh_memory.MemoryHistory, once displayed
 
     def _namespace(self) -> dict[str, Any]:
         ipython = sys.modules.get("IPython")
@@ -169,11 +170,28 @@ class MemoryPanel:
         from .. import release
 
         report = release()
+        if self.history is not None:
+            self.history.mark("release", "Release button")
+            self.history.refresh()
         self.display.update(self.view(note="released: " + report.text().replace("\n", "; ")))
 
     def _ipython_display_(self) -> None:
         show_controls(self.controls, f"[Release] [Refresh]: {ACTIONS}", ACTIONS_HTML)
         self.display.show(self.view())
+        self._show_history()
+
+    def _show_history(self) -> None:
+        """Live bytes per device over time (``bokeh_memory``), streaming while cells run."""
+        ipython = sys.modules.get("IPython")
+        shell = ipython.get_ipython() if ipython else None
+        if shell is None or not hasattr(shell, "events"):
+            return
+        try:
+            from .bokeh_memory import history
+        except ImportError:  # no bokeh: the panel without its history
+            return
+        self.history = history(shell)
+        self.history.show()
 
 
 class _ErrorView(View):
