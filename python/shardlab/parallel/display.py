@@ -8,6 +8,7 @@ The core never imports a view library; records' ``_repr_html_`` asks ``HTML_VIEW
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import keyword
 import sys
@@ -81,8 +82,8 @@ def function_name(fn: Any) -> str | None:
             continue
         if isinstance(name, str) and space.get(name) is fn:
             candidates.append(name)
-        elif module_name == "__main__":
-            candidates += [k for k, v in list(space.items()) if v is fn and not k.startswith("_")]
+        else:  # bound under another name (train = jax.grad(loss); step, args = case.fn, ...)
+            candidates += [k for k, v in list(space.items()) if v is fn and not k.startswith("__")]
     for found in candidates:
         if found.isascii() and found.isidentifier() and not keyword.iskeyword(found):
             return found
@@ -178,3 +179,60 @@ def cost_text(cost: Any) -> str:
         f"({_per_kind(cost.comm_bytes)}); peak {human_bytes(cost.memory.peak)} per device; "
         f"profile {cost.device})"
     )
+
+
+# -- long work: the default progress display --------------------------------------------------
+# ``what -> bar``: a bar is a context manager and a ``(fraction, message)`` callback with
+# ``done(message)``; registered by shardlab.widgets (an ipywidgets bar in a notebook, a text
+# bar in a terminal). None: no display.
+PROGRESS_FACTORY: list[Callable[[str], Any]] = []
+
+
+class _NoBar:
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def __call__(self, fraction: float, message: str) -> None:
+        return None
+
+    def done(self, message: str) -> None:
+        return None
+
+
+def progress_bar(what: str) -> Any:
+    """The registered progress display for ``what`` (a silent one when none is)."""
+    if not PROGRESS_FACTORY:
+        return _NoBar()
+    try:
+        return PROGRESS_FACTORY[-1](what)
+    except Exception:  # a display problem never stops the work
+        return _NoBar()
+
+
+def with_progress(what: str, finish: Callable[[Any], str]) -> Callable[[Any], Any]:
+    """Decorates a function taking ``progress=``: called without one, it gets the default
+    bar (after about a second), and ``finish(result)`` is the bar's last words."""
+
+    def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def run(*args: Any, progress: Callable[[float, str], None] | None = None, **kw: Any) -> Any:
+            if progress is not None:
+                return func(*args, progress=progress, **kw)
+            with progress_bar(what) as bar:
+                result = func(*args, progress=bar, **kw)
+                bar.done(finish(result))
+                return result
+
+        return run
+
+    return wrap
+
+
+def search_finish(plan: Any) -> str:
+    """A search's last words on its bar: done, or interrupted with the best plan so far."""
+    if not getattr(plan, "complete", True):
+        return "interrupted: returned the best plan found so far (plan.complete is False)"
+    return f"done: {getattr(plan, 'method', '')}"

@@ -31,6 +31,7 @@ from shardlab.parallel.display import (
     human_bytes,
     human_time,
     mesh_text,
+    progress_bar,
 )
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.graph.trace import Traced, trace
@@ -243,13 +244,18 @@ class Plan(_Record):
         """Compile the plan and read the actual collectives and per-device memory (on the
         arguments' shapes: what the example arguments were placed on does not matter)."""
         b = self._bound()
-        return analyze(
-            self.function(dynamic=True),
-            *b.traced.dynamic_args,
-            mesh=b.mesh,
-            in_shardings=self.in_shardings,
-            out_shardings=self.out_shardings,
-        )
+        with progress_bar("verify") as bar:  # shown after about a second of compiling
+            bar(0.1, f"compiling the plan on {mesh_text(self.mesh_shape)}")
+            report = analyze(
+                self.function(dynamic=True),
+                *b.traced.dynamic_args,
+                mesh=b.mesh,
+                in_shardings=self.in_shardings,
+                out_shardings=self.out_shardings,
+            )
+            bar(1.0, "compiled")
+            bar.done(f"compiled: {len(report.collectives)} collectives")
+        return report
 
     # -- views ---------------------------------------------------------------------------
     @property
