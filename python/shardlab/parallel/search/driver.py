@@ -22,6 +22,7 @@ from jax.sharding import Mesh
 
 from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile
 from shardlab.parallel.cost.propagate import propagate
+from shardlab.parallel.display import search_finish, with_progress
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.graph.trace import Traced, trace
 from shardlab.parallel.mesh import mesh_shape_of
@@ -66,6 +67,7 @@ def _without_gc(f: Callable[..., Plan]) -> Callable[..., Plan]:
 
 
 @_without_gc
+@with_progress("search", search_finish)  # a bar after ~1 s when no progress= is given
 def search(
     fn: Callable[..., Any],
     *args: Any,
