@@ -16,7 +16,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 FORBIDDEN = ("IPython", "ipywidgets", "bokeh", "ipykernel", "jupyter_bokeh")
 
 
-@pytest.mark.parametrize("module", ["shardlab", "shardlab.engine", "shardlab.parallel"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "shardlab",
+        "shardlab.engine",
+        "shardlab.parallel",
+        "shardlab.cluster.manager",
+        "shardlab.data",
+    ],
+)
 def test_core_layers_import_no_ui_libraries(module):
     code = (
         f"import sys, json\nimport {module}\n"
@@ -54,6 +63,8 @@ PACKAGE_LAYERS = {  # shardlab's own packages: these never import the ones named
     "engine": ("parallel", "kernel", "widgets", "bench", "examples"),
     "widgets": ("kernel", "bench"),
     "examples": ("engine", "kernel", "widgets", "bench"),
+    # the cluster's management (docs/cluster.md): below the kernel's magics, beside engine
+    "cluster": ("kernel", "widgets", "bench", "examples"),
 }
 SRC = ROOT / "python" / "shardlab"
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 
 if TYPE_CHECKING:
-    from . import examples, strategies
+    from . import data, examples, strategies
     from .engine import GraphCache, GraphStagingError, ModeError, ReleaseReport
     from .engine.bisect import BisectReport, bisect
     from .engine.compare import CompareReport, compare
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 # Public name -> (module, attribute; None: the module itself).
 _LAZY: dict[str, tuple[str, str | None]] = {
+    "data": (".data", None),
     "examples": (".examples", None),
     "strategies": (".strategies", None),
     **{n: (".engine", n) for n in ("GraphCache", "GraphStagingError", "ModeError")},
@@ -136,6 +137,7 @@ __all__ = [
     "compare",
     "confirm",
     "converted",
+    "data",
     "editor",
     "examples",
     "explore",

@@ -22,6 +22,7 @@ import re
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -412,9 +413,7 @@ class LocalCluster:
         """Runs ``code`` on every process (as a cell: its last expression is its result).
 
         ``on_stdout(process_id, text)`` is called with output as it arrives. With
-        ``timeout_s``, a cell still running then is interrupted (SIGINT to the engines that
-        have not answered); if they still do not answer within ``interrupt_grace_s`` (a
-        collective in C++ does not see the signal), the cluster is stopped.
+        ``timeout_s``, a cell still running then stops the cluster (see :meth:`_wait`).
 
         Raises:
             ProcessDied: an engine exited before or while the cell ran.
@@ -435,7 +434,6 @@ class LocalCluster:
     ) -> None:
         started = time.monotonic()
         seen = [0] * len(self._engines)
-        interrupted_at: float | None = None
         try:
             while True:
                 done = result.ready()
@@ -456,27 +454,30 @@ class LocalCluster:
                     raise self._death
                 elapsed = time.monotonic() - started
                 if timeout_s is not None and elapsed > timeout_s:
-                    waiting = self._unanswered(result)
-                    if interrupted_at is None:
-                        interrupted_at = time.monotonic()
-                        self._signal(waiting, signal.SIGINT)
-                    elif time.monotonic() - interrupted_at > grace_s:
-                        names = ", ".join(str(p) for p in waiting)
-                        self._stopping.set()
-                        self._kill_all()
-                        self._death = None
-                        self._client = None
-                        raise CellTimeout(
-                            f"the cell ran past its timeout of {timeout_s:g} s: process(es) "
-                            f"{names} did not answer, even to an interrupt (a collective "
-                            f"waiting for a peer); the cluster is stopped; {RESTART_HINT}"
-                        )
+                    # Interrupting is not safe: a collective interrupted on one process stays
+                    # pending in the runtime and pairs with the next one its peers start
+                    # (measured: a sum came back 20.0 instead of 24.0). So the cluster stops.
+                    names = ", ".join(str(p) for p in self._unanswered(result))
+                    self._stopping.set()
+                    self._kill_all()
+                    self._client = None
+                    raise CellTimeout(
+                        f"the cell ran past its timeout of {timeout_s:g} s: process(es) "
+                        f"{names} had not finished (a hang, or a collective waiting for a "
+                        f"peer); the cluster is stopped; {RESTART_HINT}"
+                    )
                 result.wait(timeout=0.1)
         except KeyboardInterrupt:
-            # the user interrupted the notebook: interrupt the engines too, and wait briefly
+            # The user interrupted the notebook: interrupt the engines too. A collective
+            # interrupted on some processes only leaves the runtime inconsistent (see above).
             self._signal(self._unanswered(result), signal.SIGINT)
             with contextlib.suppress(Exception):
                 result.wait(timeout=grace_s)
+            print(
+                "[shardlab] the engines were interrupted too; if the cell was inside a "
+                f"collective, later results may be wrong: {RESTART_HINT}",
+                file=sys.stderr,
+            )
             raise
 
     def _emit(

@@ -91,7 +91,7 @@ class ClusterMagics(Magics):
     def __init__(self, shell: Any, *, session: ShardlabSession) -> None:
         super().__init__(shell)
         self.session = session
-        self.cluster: LocalCluster | None = None
+        self.current_cluster: LocalCluster | None = None
         self._start_args: list[str] = []
 
     # -- %cluster -------------------------------------------------------------------------
@@ -121,7 +121,11 @@ class ClusterMagics(Magics):
             )
 
     def _start(self, args: list[str]) -> None:
-        if self.cluster is not None and self.cluster.died is None and self.cluster.running:
+        if (
+            self.current_cluster is not None
+            and self.current_cluster.died is None
+            and self.current_cluster.running
+        ):
             raise UsageError("%cluster start: a cluster is running; use %cluster restart")
         options = _start_parser().parse_args(args)
         try:
@@ -139,35 +143,35 @@ class ClusterMagics(Magics):
         )
         cluster.on_death = _tell_death
         status = cluster.start()
-        self.cluster = cluster
+        self.current_cluster = cluster
         try:
             cluster.execute(ENGINE_SETUP)
         except ClusterError:
             cluster.stop()
-            self.cluster = None
+            self.current_cluster = None
             raise
         print(status.text())
 
     def _stop(self) -> None:
-        if self.cluster is not None:
-            self.cluster.stop()
-        self.cluster = None
+        if self.current_cluster is not None:
+            self.current_cluster.stop()
+        self.current_cluster = None
 
     def _status_text(self) -> str:
-        if self.cluster is None:
+        if self.current_cluster is None:
             return "cluster: none (start one with %cluster start -n 2 --devices-per-process 4)"
-        status = self.cluster.status()
+        status = self.current_cluster.status()
         text = status.text()
         if status.state == "running":
             text += "\n  listening: " + ", ".join(status.listeners)
         return text
 
     def _running(self) -> LocalCluster:
-        if self.cluster is None:
+        if self.current_cluster is None:
             raise UsageError(
                 "no cluster: start one with %cluster start -n 2 --devices-per-process 4"
             )
-        return self.cluster
+        return self.current_cluster
 
     def _pull(self, args: list[str]) -> None:
         parser = _ArgumentParser(prog="%cluster pull", add_help=False)
