@@ -266,6 +266,22 @@ def test_timeouts_kill_and_restart(kernel):
 
     kernel.ok("%cluster restart", timeout=180)
     assert "psum" in kernel.ok("%spmd import jax; print('psum', jax.process_count())").stdout
+    started = time.monotonic()
     kernel.ok("%cluster stop")
+    stop_s = time.monotonic() - started
     assert children(kernel.pid) == [], "%cluster stop leaves no process"
-    print(f"start {kernel.start_s:.1f} s, restart {restart_s:.1f} s, death seen {detect_s:.2f} s")
+
+    # an idle cluster whose process 0 (the coordinator) is killed: seen without any cell
+    kernel.ok("%cluster start", timeout=180)  # the defaults: -n 2, 1 CPU device each
+    coordinator = engine_pids(kernel)[0]
+    os.kill(coordinator, signal.SIGKILL)
+    killed = time.monotonic()
+    while children(kernel.pid) and time.monotonic() - killed < 30:
+        time.sleep(0.1)
+    idle_s = time.monotonic() - killed
+    assert children(kernel.pid) == []
+    assert "process 0 died" in kernel.ok("%cluster status").stdout
+    print(
+        f"start {kernel.start_s:.1f} s, restart {restart_s:.1f} s, death seen {detect_s:.2f} s "
+        f"(busy) {idle_s:.2f} s (idle), stop {stop_s:.1f} s"
+    )

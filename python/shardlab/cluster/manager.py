@@ -232,14 +232,16 @@ class LocalCluster:
             controller_ip="127.0.0.1",
             controller_location="127.0.0.1",
             engine_timeout=self.engine_timeout_s,
-            log_level=logging.WARNING,
+            # ipyparallel logs a stopped engine's whole output at WARNING; the death message
+            # here quotes what matters (engine logs are in the profile dir until stop)
+            log_level=logging.ERROR,
             shutdown_atexit=False,  # stop() and an atexit hook here kill by pid
         )
         try:
             self._cluster.start_controller_sync()
             self._cluster.start_engines_sync(n=self.n)
             self._client = self._cluster.connect_client_sync()
-            self._client.wait_for_engines(self.n, timeout=self.engine_timeout_s)
+            self._client.wait_for_engines(self.n, timeout=self.engine_timeout_s, interactive=False)
             self._join()
         except BaseException:
             self._kill_all()
@@ -317,6 +319,10 @@ class LocalCluster:
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join(timeout=5)
         if self._death is None and self._client is not None:
+            # leave the JAX runtime together first: a process exiting alone waits at JAX's
+            # shutdown barrier for the others
+            with contextlib.suppress(Exception):
+                self._view.apply_async(_shutdown_remote).get(timeout=STOP_GRACE_S)
             with contextlib.suppress(Exception):
                 self._client.shutdown(targets="all", hub=True, block=False)
             deadline = time.monotonic() + STOP_GRACE_S
@@ -630,6 +636,12 @@ def _initialize_remote(**kwargs: Any) -> dict[str, Any]:
     from shardlab.cluster import worker
 
     return worker.initialize(**kwargs)
+
+
+def _shutdown_remote() -> None:
+    import jax
+
+    jax.distributed.shutdown()
 
 
 def _describe_remote() -> dict[str, Any]:
