@@ -39,7 +39,8 @@ def test_editor_notebook_edits_live_in_the_browser(lab_server, lab_page):
     # the other views of the notebook
     notebook.locator(".shardlab.sl-commgraph").first.wait_for()
     assert notebook.locator(".shardlab.sl-commgraph").count() == 2  # commgraph + plan.show()
-    notebook.locator(".shardlab.sl-timeline-view svg.sl-timeline-svg").first.wait_for()
+    # the timeline: a bokeh plot over its SVG view (the SVG shows where BokehJS does not)
+    notebook.locator(".shardlab.sl-bokeh-timeline.sl-bokeh-live canvas").first.wait_for()
     notebook.locator(".jp-OutputArea-output", has_text="megatron+dp").wait_for()
     figures.scroll_into_view_if_needed()
     screenshot(page, "lab_03_strategy_editor")

@@ -20,7 +20,6 @@ and ``import shardlab`` never load it (tests/test_architecture.py).
 from __future__ import annotations
 
 import functools
-import html
 import json
 import os
 import sys
@@ -126,7 +125,8 @@ _EMBED_JS = """(function () {
     }
     var item = JSON.parse(document.getElementById(id + '-item').textContent);
     var done = window.Bokeh.embed.embed_item(item, id + '-plot');
-    Promise.resolve(done).then(function () {
+    Promise.resolve(done).then(function (views) {
+      (window.shardlabBokeh = window.shardlabBokeh || {})[id] = views;  // for tests, devtools
       box.classList.add('sl-bokeh-live');
       var fallback = box.querySelector('.sl-bokeh-fallback');
       if (fallback) fallback.style.display = 'none';
@@ -190,8 +190,3 @@ class BokehView(View):
 
         ensure_loader()
         display(self._repr_mimebundle_(), raw=True)
-
-
-def text_attr(value: str) -> str:
-    """``value`` for an HTML attribute or text node."""
-    return html.escape(value, quote=True)

@@ -35,6 +35,7 @@ ORIGIN_NAMES = {
 }
 SVG_W, SVG_H, PAD = 560, 300, 50
 SUMMARY_SPECS = 4
+HOVER_SPECS = 1  # a tooltip does not wrap: the details below the plot list more
 SCROLL = "max-height:320px;max-width:100%;overflow:auto;margin:2px 0"
 
 
@@ -45,7 +46,7 @@ def byte_unit(num: float) -> tuple[str, float]:
     return "B", 1.0
 
 
-def summary(c: Candidate) -> str:
+def summary(c: Candidate, *, specs: int = SUMMARY_SPECS) -> str:
     """One line about a candidate's strategy: how it was found, its figures, its inputs."""
     text = (
         f"{c.name}: {fmt_time(c.time)} per step, {fmt_bytes(c.memory)} per device, "
@@ -61,10 +62,8 @@ def summary(c: Candidate) -> str:
             for label, spec in zip(labels, plan.input_specs, strict=False)
             if any(spec)
         ]
-        more = f" (+{len(sharded) - SUMMARY_SPECS} more)" if len(sharded) > SUMMARY_SPECS else ""
-        text += "; inputs: " + (
-            "; ".join(sharded[:SUMMARY_SPECS]) + more if sharded else "all replicated"
-        )
+        more = f" (+{len(sharded) - specs} more)" if len(sharded) > specs else ""
+        text += "; inputs: " + ("; ".join(sharded[:specs]) + more if sharded else "all replicated")
     return text
 
 
@@ -227,7 +226,7 @@ class ExplorerView(BokehView):
                     "time": [fmt_time(c.time) for _, c in mine],
                     "memory": [fmt_bytes(c.memory) for _, c in mine],
                     "wire": [fmt_bytes(c.comm_bytes) for _, c in mine],
-                    "summary": [summary(c) for _, c in mine],
+                    "summary": [summary(c, specs=HOVER_SPECS) for _, c in mine],
                     "pareto": ["yes" if i in front else "no" for i, _ in mine],
                     "details": [details_html(c) for _, c in mine],
                     "line": ["#222222" if i in front else ORIGIN_COLORS[origin] for i, _ in mine],

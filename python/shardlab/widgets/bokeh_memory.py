@@ -22,11 +22,11 @@ import dataclasses
 import re
 import threading
 import time
+import uuid
 from typing import Any
 
 from ._bokeh import BokehView, ensure_loader
 from ._html import PALETTE, View, esc, fmt_bytes, panel
-from ._live import LiveDisplay
 from .bokeh_explorer import byte_unit
 
 SAMPLE_S = 0.5
@@ -66,7 +66,7 @@ class MemoryHistory:
         self.started = time.perf_counter()
         self.samples: list[MemorySample] = []
         self.markers: list[MemoryMarker] = []
-        self.displays: list[LiveDisplay] = []
+        self.displays: list[str] = []  # display ids of the plots shown
         self.lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -103,8 +103,9 @@ class MemoryHistory:
             self.markers.append(MemoryMarker(self.now(), kind, text))
 
     def pre_run_cell(self, info: Any) -> None:
+        # IPython counts execution_count up before pre_run_cell: cell N runs with N + 1
         count = getattr(self.shell, "execution_count", None)
-        self._cell = count if isinstance(count, int) else None
+        self._cell = count - 1 if isinstance(count, int) and count > 0 else None
         self._code = getattr(info, "raw_cell", "") or ""
         session = getattr(self.shell, "_shardlab_session", None)  # the kernel's, if loaded
         mode = getattr(getattr(session, "current", None), "mode", None)
@@ -151,18 +152,23 @@ class MemoryHistory:
             return MemoryTimelineView(tuple(self.samples), tuple(self.markers))
 
     def show(self) -> None:
-        display = LiveDisplay("shardlab-memory-history")
+        from IPython.display import display
+
+        # The bundle itself, not the view: a view's _ipython_display_ would ignore the id.
+        display_id = f"shardlab-memory-history-{uuid.uuid4().hex[:12]}"
         ensure_loader()
-        display.show(self.view())
-        self.displays.append(display)
+        display(self.view()._repr_mimebundle_(), raw=True, display_id=display_id)
+        self.displays.append(display_id)
 
     def refresh(self) -> None:
         self._last_update = time.perf_counter()
         if not self.displays:
             return
-        view = self.view()
-        for display in self.displays:
-            display.update(view)
+        from IPython.display import update_display
+
+        bundle = self.view()._repr_mimebundle_()
+        for display_id in self.displays:
+            update_display(bundle, raw=True, display_id=display_id)
 
     def stop(self) -> None:
         self._stop_sampler()

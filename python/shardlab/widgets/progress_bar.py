@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import sys
 import time
+import uuid
 from typing import Any
+
+from ._html import esc
 
 DELAY_S = 1.0
 TEXT_WIDTH = 30
@@ -30,6 +33,7 @@ class ProgressBar:
         self.stream = stream if stream is not None else sys.stderr
         self.started = time.perf_counter()
         self.widget: Any = None
+        self.display_id = ""
         self.label: Any = None
         self.shown_text = False
         self.fraction = 0.0
@@ -57,7 +61,10 @@ class ProgressBar:
             bar = ipywidgets.FloatProgress(min=0.0, max=1.0, description=self.what)
             self.label = ipywidgets.Label()
             self.widget = ipywidgets.HBox([bar, self.label])
-            display(self.widget)
+            bundle = dict(self.widget._repr_mimebundle_())
+            bundle["text/plain"] = f"{self.what}: in progress"
+            self.display_id = f"shardlab-progress-{uuid.uuid4().hex[:12]}"
+            display(bundle, raw=True, display_id=self.display_id)
         bar = self.widget.children[0]
         bar.value = self.fraction
         self.label.value = f"{self.fraction:.0%} {self.message}"
@@ -71,13 +78,21 @@ class ProgressBar:
         self.shown_text = True
 
     def done(self, message: str) -> None:
-        """The final state: the bar full (or where it stopped) and ``message``."""
+        """The final state: the bar's output becomes ``message`` (text, what a saved
+        notebook keeps), a text bar ends with it."""
         if self.widget is not None:
-            self.widget.children[0].value = self.fraction
-            self.label.value = message
+            from IPython.display import update_display
+
+            text = f"{self.what}: {message}"
+            update_display(
+                {"text/plain": text, "text/html": f"<div class='sl-note'>{esc(text)}</div>"},
+                raw=True,
+                display_id=self.display_id,
+            )
         elif self.shown_text:
             self.stream.write(f"\r{self.what}: {message:<{TEXT_WIDTH + 70}}\n")
             self.stream.flush()
+            self.shown_text = False  # the line is finished
 
     def __exit__(self, *exc: Any) -> None:
         if self.widget is not None:
