@@ -285,3 +285,22 @@ def test_timeouts_kill_and_restart(kernel):
         f"start {kernel.start_s:.1f} s, restart {restart_s:.1f} s, death seen {detect_s:.2f} s "
         f"(busy) {idle_s:.2f} s (idle), stop {stop_s:.1f} s"
     )
+
+
+def test_a_killed_kernel_leaves_no_process():
+    k = Kernel()
+    try:
+        pid = int(k.ok("import os; os.getpid()").text)
+        k.ok("%cluster start -n 2", timeout=180)
+        spawned = children(pid)
+        assert len(spawned) >= 3  # controller, 2 engines (and their helpers)
+        os.kill(pid, signal.SIGKILL)  # no clean-up runs in the kernel
+        deadline = time.monotonic() + 15
+        while any(_alive(p) for p in spawned) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = [p.pid for p in spawned if _alive(p)]
+        for orphan in left:  # do not leave them to the next test
+            os.kill(orphan, signal.SIGKILL)
+        assert left == [], "every engine and the controller exit with their kernel"
+    finally:
+        k.shutdown()  # reaps the killed kernel's process

@@ -238,8 +238,9 @@ class LocalCluster:
             shutdown_atexit=False,  # stop() and an atexit hook here kill by pid
         )
         try:
-            self._cluster.start_controller_sync()
-            self._cluster.start_engines_sync(n=self.n)
+            watched = [sys.executable, "-m", "shardlab.cluster.watched"]
+            self._cluster.start_controller_sync(controller_cmd=[*watched, "ipyparallel.controller"])
+            self._cluster.start_engines_sync(n=self.n, engine_cmd=[*watched, "ipyparallel.engine"])
             self._client = self._cluster.connect_client_sync()
             self._client.wait_for_engines(self.n, timeout=self.engine_timeout_s, interactive=False)
             self._join()
@@ -282,7 +283,6 @@ class LocalCluster:
                     devices=engine.devices,
                     init_timeout_s=self.init_timeout_s,
                     heartbeat_timeout_s=self.heartbeat_timeout_s,
-                    parent_pid=os.getpid(),
                 )
             )
         deadline = time.monotonic() + self.init_timeout_s + 30

@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import threading
-import time
 from typing import Any
 
 # ``XLA_FLAGS`` may carry the notebook's own device count (the kernel launcher pins 8):
@@ -87,14 +85,12 @@ def initialize(
     devices: str,
     init_timeout_s: int = 30,
     heartbeat_timeout_s: int = 10,
-    parent_pid: int | None = None,
 ) -> dict[str, Any]:
     """Sets devices, joins the distributed runtime and returns :func:`describe`.
 
     ``coordinator`` is ``127.0.0.1:PORT``; process 0 hosts the coordination service and binds
     it to that address only (JAX's default binds every interface). Auto-detection of a batch
     system is off: a local cluster inside a SLURM job must not read the job's variables.
-    ``parent_pid``: the notebook's kernel; the engine exits when it is gone (no orphans).
     """
     set_devices(devices)
     import jax
@@ -109,25 +105,7 @@ def initialize(
         heartbeat_timeout_seconds=heartbeat_timeout_s,
     )
     jax.devices()  # the backend starts now, inside the timeouts, not in the first cell
-    if parent_pid is not None:
-        _exit_with_parent(parent_pid)
     return describe()
-
-
-def _exit_with_parent(pid: int) -> None:
-    """An engine outlives a kernel that was killed; this thread ends it instead."""
-
-    def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                os._exit(3)
-            except PermissionError:
-                pass
-
-    threading.Thread(target=watch, name="shardlab-parent-watch", daemon=True).start()
 
 
 def describe() -> dict[str, Any]:
