@@ -12,6 +12,7 @@ import functools
 import html
 import keyword
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -202,12 +203,32 @@ class _NoBar:
         return None
 
 
+_ACTIVE = threading.local()
+
+
+class _Nested:
+    """A bar marks its thread busy: long work inside long work (the search compiling its
+    candidates with ``verify()``) shows on the outer bar only."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+
+    def __enter__(self) -> Any:
+        _ACTIVE.depth = getattr(_ACTIVE, "depth", 0) + 1
+        return self.bar.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        _ACTIVE.depth -= 1
+        return self.bar.__exit__(*exc)
+
+
 def progress_bar(what: str) -> Any:
-    """The registered progress display for ``what`` (a silent one when none is)."""
-    if not PROGRESS_FACTORY:
+    """The registered progress display for ``what`` (a silent one when none is, or when
+    this thread already shows a bar)."""
+    if not PROGRESS_FACTORY or getattr(_ACTIVE, "depth", 0):
         return _NoBar()
     try:
-        return PROGRESS_FACTORY[-1](what)
+        return _Nested(PROGRESS_FACTORY[-1](what))
     except Exception:  # a display problem never stops the work
         return _NoBar()
 
@@ -219,8 +240,9 @@ def with_progress(what: str, finish: Callable[[Any], str]) -> Callable[[Any], An
     def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(func)
         def run(*args: Any, progress: Callable[[float, str], None] | None = None, **kw: Any) -> Any:
-            if progress is not None:
-                return func(*args, progress=progress, **kw)
+            if progress is not None:  # the caller shows progress: nothing nested does
+                with _Nested(_NoBar()):
+                    return func(*args, progress=progress, **kw)
             with progress_bar(what) as bar:
                 result = func(*args, progress=bar, **kw)
                 bar.done(finish(result))
