@@ -529,8 +529,10 @@ class _Code(str):
         return str(self)
 
 
+# Names the snippet binds before calling the function (``step = jax.jit(step, ...)`` is
+# fine: the function is read before ``step`` is rebound).
 _TEMPLATE_NAMES = {"jax", "shardlab", "NamedSharding", "P", "mesh", "_named", "in_shardings"}
-_TEMPLATE_NAMES |= {"out_shardings", "step", "tree", "s"}
+_TEMPLATE_NAMES |= {"out_shardings"}
 _WIDTH = 88
 
 
