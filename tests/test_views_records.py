@@ -205,6 +205,9 @@ def test_search_and_verify_show_progress(monkeypatch, mesh):
     assert ("search", "done", f"done: {plan.method}") in calls
     plan.verify()
     assert any(c[0] == "verify" and c[1] == "done" for c in calls)
+    with display.progress_bar("outer"):  # long work inside long work: the outer bar only
+        assert isinstance(display.progress_bar("verify"), display._NoBar)
+    assert not isinstance(display.progress_bar("verify"), display._NoBar)
 
     class Interrupting(Bar):
         def __call__(self, fraction, message):

@@ -144,9 +144,10 @@ def test_editor_widget_in_a_kernel():
             for o in created.comm_opens
             if o["data"].get("state", {}).get("_model_name") == "DropdownModel"
         ]
-        # one row per layer group (params[*][0] and params[*][1], each ×2) and x, two dims
-        # each; the per-layer rows and the intermediates are built when first opened
-        assert len(all_dropdowns) == 3 * 2
+        # the params tab: one row per layer group (params[*][0] and params[*][1], each ×2),
+        # two dims each; the x tab, the per-layer rows and the intermediates are built when
+        # first opened
+        assert len(all_dropdowns) == 2 * 2
         dropdowns = all_dropdowns
         labels_html = [
             o["data"]["state"].get("value", "")
@@ -165,9 +166,9 @@ def test_editor_widget_in_a_kernel():
         assert "strategy #2" in update["data"]["text/plain"]
         assert "changed:" in update["data"]["text/plain"]
         assert "params[*][0]: P(None, 'model') ×2" in update["data"]["text/plain"]
-        x_dim0 = dropdowns[4]
+        w2_dim0 = dropdowns[2]  # params[*][1] (w2, 256 × 64), dim 0
         bad = kernel.send_comm(
-            x_dim0["comm_id"],
+            w2_dim0["comm_id"],
             {"method": "update", "state": {"index": labels.index("model")}, "buffer_paths": []},
         )
         message = next(u for u in bad.updates if u["transient"]["display_id"] == ident)

@@ -32,7 +32,7 @@ from .editor_model import CompileResult, EditorModel, diff
 from .editor_view import ACTIONS, EditorView
 
 MIXED = "(mixed)"  # a group dropdown whose layers differ
-LABEL_PX, SHAPE_PX, DIM_PX, TOGGLE_PX, ROW_PX = 7.2, 130, 112, 96, 28
+LABEL_PX, SHAPE_PX, DIM_PX, TOGGLE_PX, ROW_PX = 8.0, 120, 112, 118, 28
 
 
 def _choices(axes: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
@@ -62,18 +62,24 @@ class _Row:
                 options=editor.options,
                 value=(),
                 tooltip=f"dim {dim} ({size})",
-                layout=w.Layout(width=f"{DIM_PX - 4}px", height=f"{ROW_PX}px"),
+                layout=editor.shared("dropdown"),
+                style=editor.shared("dropdown-style"),
             )
             dropdown.observe(
                 guarded(editor.on_row_change(self, dim), editor.show_error), names="value"
             )
             self.dropdowns.append(dropdown)
         cells: list[Any] = [
-            w.HTML(f"<code title='{esc(label)}'>{esc(label)}</code>"),
-            w.HTML(f"<span class='sl-note'>{esc(_shape_text(leaf.dtype, leaf.shape))}</span>"),
+            w.HTML(
+                f"<code style='white-space:nowrap' title='{esc(label)}'>{esc(label)}</code>"
+                f" <span class='sl-note'>{esc(_shape_text(leaf.dtype, leaf.shape))}</span>",
+                layout=editor.shared("cell"),
+                style=editor.shared("html-style"),
+            ),
             *self.dropdowns,
         ]
-        cells += [w.HTML("") for _ in range(editor.max_dims - len(leaf.shape))]
+        # one empty widget, shown in every padding cell (a model may have many views)
+        cells += [editor.shared("empty")] * (editor.max_dims - len(leaf.shape))
         self.toggle = None
         self.expanded = None
         if len(members) > 1:
@@ -81,7 +87,8 @@ class _Row:
                 value=False,
                 description=f"×{len(members)} per layer",
                 tooltip="one row per layer, to override one",
-                layout=w.Layout(width=f"{TOGGLE_PX}px", height=f"{ROW_PX}px"),
+                layout=editor.shared("toggle"),
+                style=editor.shared("toggle-style"),
             )
             self.expanded = w.VBox([], layout=w.Layout(display="none"))
             self.toggle.observe(
@@ -90,8 +97,8 @@ class _Row:
             )
             cells.append(self.toggle)
         else:
-            cells.append(w.HTML(""))
-        self.widget = w.GridBox(cells, layout=w.Layout(grid_template_columns=grid))
+            cells.append(editor.shared("empty"))
+        self.widget = w.GridBox(cells, layout=editor.shared(f"grid {grid}"))
         self.children: list[_Row] = []
 
     def sync(self, specs: list[PartitionSpec]) -> None:
@@ -135,10 +142,15 @@ class StrategyEditor:
         self._stop = threading.Event()
         self._syncing = False
         self.options = _choices(self.model.axes)
+        self._shared: dict[str, Any] = {}
         self.max_dims = max((len(leaf.shape) for leaf in self.model.leaves), default=0)
         self.rows: list[_Row] = []
         tabs, titles = self._argument_tabs()
         self.arguments = w.Tab(children=tabs, titles=titles)
+        self.arguments.observe(
+            guarded(lambda change: self.open_tab(change["new"]), self.show_error),
+            names="selected_index",
+        )
         self.intermediates = w.Accordion(
             children=[w.VBox([])],
             titles=(
@@ -172,13 +184,50 @@ class StrategyEditor:
         self.initial = self._initial_specs(in_shardings)
         self.model.set_all(self.initial)
         self._sync_dropdowns()
-        self._after_edit()
+        # The first compile starts once the editor is shown (or edited): started here, its
+        # tracing would compete for the GIL with building and sending the controls.
+        self._compile_pending = compile
+        self.compiling = compile
 
     # -- building ------------------------------------------------------------------------
+    def shared(self, kind: str) -> Any:
+        """One Layout/style/empty cell per kind, shared by every control that uses it: a
+        24-layer model opens a few hundred widget models instead of over a thousand."""
+        import ipywidgets as w
+
+        found = self._shared.get(kind)
+        if found is None:
+            if kind.startswith("grid "):
+                found = w.Layout(grid_template_columns=kind[5:], grid_gap="2px 4px")
+            elif kind == "dropdown":
+                found = w.Layout(width=f"{DIM_PX - 4}px", height=f"{ROW_PX}px")
+            elif kind == "toggle":
+                found = w.Layout(width=f"{TOGGLE_PX}px", height=f"{ROW_PX}px")
+            elif kind == "cell":
+                found = w.Layout(overflow="hidden")
+            elif kind == "dropdown-style":  # ipywidgets 8 does not re-export the styles
+                from ipywidgets.widgets.widget_description import DescriptionStyle
+
+                found = DescriptionStyle(description_width="0px")
+            elif kind == "html-style":
+                from ipywidgets.widgets.widget_string import HTMLStyle
+
+                found = HTMLStyle()
+            elif kind == "toggle-style":
+                from ipywidgets.widgets.widget_bool import ToggleButtonStyle
+
+                found = ToggleButtonStyle()
+            elif kind == "empty":
+                found = w.HTML("")
+            else:  # pragma: no cover - a programming error
+                raise KeyError(kind)
+            self._shared[kind] = found
+        return found
+
     def _grid(self, label_chars: int) -> str:
-        label = min(380, max(120, int(label_chars * LABEL_PX) + 12))
+        label = min(460, max(160, int(label_chars * LABEL_PX) + SHAPE_PX))
         dims = " ".join([f"{DIM_PX}px"] * self.max_dims)
-        return f"{label}px {SHAPE_PX}px {dims} {TOGGLE_PX + 8}px"
+        return f"{label}px {dims} {TOGGLE_PX + 8}px"
 
     def _argument_tabs(self) -> tuple[list[Any], list[str]]:
         """One tab per top-level argument; in it, one row per layer group (members of the
@@ -190,32 +239,47 @@ class StrategyEditor:
             groups = by_argument.setdefault(leaf.argument, {})
             groups.setdefault((leaf.group, leaf.shape, leaf.dtype), []).append(i)
         tabs, titles = [], []
-        for argument, groups in by_argument.items():
-            labels = {
-                key: key[0] if len(members) > 1 else self.model.leaves[members[0]].label
-                for key, members in groups.items()
-            }
-            grid = self._grid(max(len(label) for label in labels.values()))
-            header = w.GridBox(
-                [
-                    w.HTML("<b>leaf</b>"),
-                    w.HTML("<b>shape</b>"),
-                    *[w.HTML(f"<b>dim {d}</b>") for d in range(self.max_dims)],
-                    w.HTML(""),
-                ],
-                layout=w.Layout(grid_template_columns=grid),
-            )
-            children: list[Any] = [header]
-            for key, members in groups.items():
-                row = _Row(self, members, labels[key], grid)
-                self.rows.append(row)
-                children.append(row.widget)
-                if row.expanded is not None:
-                    children.append(row.expanded)
-            count = sum(len(m) for m in groups.values())
-            tabs.append(w.VBox(children))
-            titles.append(f"{argument} ({count})")
+        self._tab_groups = list(by_argument.values())
+        for position, (argument, groups) in enumerate(by_argument.items()):
+            # the first tab now; the others when first selected (a 24-layer model's
+            # momentum tab is as big as its params tab)
+            tabs.append(w.VBox(self._tab_rows(groups) if position == 0 else []))
+            titles.append(f"{argument} ({sum(len(m) for m in groups.values())})")
+        self._built_tabs = {0}
         return tabs, titles
+
+    def _tab_rows(self, groups: dict[tuple[Any, ...], list[int]]) -> list[Any]:
+        import ipywidgets as w
+
+        labels = {
+            key: key[0] if len(members) > 1 else self.model.leaves[members[0]].label
+            for key, members in groups.items()
+        }
+        grid = self._grid(max(len(label) for label in labels.values()))
+        header = w.GridBox(
+            [
+                w.HTML("<b>leaf</b> <span class='sl-note'>shape</span>"),
+                *[w.HTML(f"<b>dim {d}</b>") for d in range(self.max_dims)],
+                self.shared("empty"),
+            ],
+            layout=self.shared(f"grid {grid}"),
+        )
+        children: list[Any] = [header]
+        for key, members in groups.items():
+            row = _Row(self, members, labels[key], grid)
+            self.rows.append(row)
+            children.append(row.widget)
+            if row.expanded is not None:
+                children.append(row.expanded)
+        return children
+
+    def open_tab(self, index: int) -> None:
+        """Builds a tab's rows the first time it is selected."""
+        if index is None or index in self._built_tabs:
+            return
+        self._built_tabs.add(index)
+        self.arguments.children[index].children = self._tab_rows(self._tab_groups[index])
+        self._sync_dropdowns()
 
     def expand(self, row: _Row, show: bool) -> None:
         """Shows (building them the first time) or hides a group's per-layer rows."""
@@ -247,7 +311,8 @@ class StrategyEditor:
                     options=self.options,
                     value=(),
                     tooltip=f"dim {dim} ({size})",
-                    layout=w.Layout(width=f"{DIM_PX - 4}px", height=f"{ROW_PX}px"),
+                    layout=self.shared("dropdown"),
+                    style=self.shared("dropdown-style"),
                 )
                 dropdown.observe(
                     guarded(self._on_constraint(position, dim), self.show_error), names="value"
@@ -350,6 +415,7 @@ class StrategyEditor:
 
     def _after_edit(self) -> None:
         self.code = None
+        self._compile_pending = False
         if self.compile_in_background:
             self.compiling = True
             self.model.compile(self._on_compiled)
@@ -481,6 +547,8 @@ class StrategyEditor:
             f"dimension, repeated layers as one row]: {ACTIONS}",
             f"<div class='shardlab sl-actions sl-note'>{esc(ACTIONS)}</div>",
         )
+        if self._compile_pending:
+            self._after_edit()
 
 
 def editor(

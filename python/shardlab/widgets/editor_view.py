@@ -178,7 +178,7 @@ class EditorView(View):
                 compiled(report.memory.total if report else None, fmt_bytes),
             ],
             [
-                "communication (wire, per device)",
+                "communication per device",
                 fmt_bytes(cost.total_comm_bytes),
                 compiled(report.total_comm_bytes if report else None, fmt_bytes),
             ],
