@@ -10,9 +10,13 @@ cells = [
     md(
         "# Editing a transformer's sharding strategy\n\nA 4-layer GPT-style train step "
         "(embedding, attention, MLP, layer norm, SGD with momentum) on a 2×4 mesh. The editor "
-        "has one dropdown per dimension of every parameter, optimizer state and batch leaf. "
-        "Every edit updates the predicted communication, memory and step time at once (the "
-        "cost model, no compile); the compiled figures follow from a background compile. "
+        "shows its figures on top — predicted beside compiled — and below them a tab per "
+        "argument (`params`, `momentum`, `batch`) with one dropdown per dimension of every "
+        'leaf, labelled as you index it (`params["embed"]`, `batch[0]`). The four '
+        'identical layers are one row (`params["blocks"][*]["w1"]` ×4); its *per layer* '
+        "button opens a row per layer to override one. Every edit updates the predicted "
+        "communication, memory and step time at once (the cost model, no compile); the "
+        "compiled figures follow from a background compile. "
         "Then **Auto** runs the strategy search, and we compare its plan with the Megatron "
         "baseline."
     ),
@@ -29,18 +33,19 @@ cells = [
         "ed"
     ),
     md(
-        "Edit from code (the same as choosing in the dropdowns): split the first block's MLP "
-        "weights Megatron-style — `w1` by columns, `w2` by rows — over `model`."
+        "Edit from code (the same as choosing in the layer row's dropdowns): split every "
+        "block's MLP weights Megatron-style — `w1` by columns, `w2` by rows — over `model`."
     ),
     code(
-        "labels = [leaf.label for leaf in ed.model.leaves]\n"
-        "w1 = labels.index('params/blocks/0/w1'); w2 = labels.index('params/blocks/0/w2')\n"
-        "ed.edit(w1, 1, ('model',))\n"
-        "ed.edit(w2, 0, ('model',))\n"
+        "ed.edit_group('params[\"blocks\"][*][\"w1\"]', 1, 'model')\n"
+        "ed.edit_group('params[\"blocks\"][*][\"w2\"]', 0, 'model')\n"
         "print(ed.view().text())"
     ),
     md("An invalid choice is shown in the editor; the last valid strategy stays:"),
-    code("ed.edit(w1, 0, ('model',))   # 'model' is already used by dimension 1\nprint(ed.error)"),
+    code(
+        "ed.edit('params[\"blocks\"][0][\"w1\"]', 0, 'model')  # 'model' is already on dim 1\n"
+        "print(ed.error)"
+    ),
     md("Export the strategy as code you can paste:"),
     code("ed.export()\nprint(ed.code)"),
     md(
@@ -65,9 +70,11 @@ cells = [
         "    print(f'{label:12} [{p.method}] predicted step {p.cost.time * 1e3:6.3f} ms '\n"
         "          f'(compute {p.cost.compute_time * 1e3:.3f}); compiled communication '\n"
         "          f'{p.compiled_comm_time(report) * 1e3:.3f} ms, '\n"
-        "          f'{report.total_comm_bytes:,.0f} wire bytes, {report.memory.total:,} B/device')\n"
-        "print(plan.table(limit=12))"
+        "          f'{report.total_comm_bytes / 2**20:.2f} MiB on the wire, '\n"
+        "          f'{report.memory.total / 2**20:.2f} MiB/device')\n"
+        "plan  # summary first; the inputs by layer and the decisions fold open"
     ),
+    code("plan.table(limit=12)  # per operation: the chosen split and the alternatives"),
     code("plan.show()  # the plan's predicted communication beside the compiled program"),
     md("Show the plan in the editor (what **Auto** does):"),
     code("ed.apply(plan)\nprint(ed.view().text())"),

@@ -1,46 +1,103 @@
-"""The strategy editor in JupyterLab, in a real browser: choose a split in a dropdown, see
-the figures change, press Auto; the communication graph and timeline render."""
+"""The strategy editor in JupyterLab, in a real browser: the 4-layer GPT editor fits one
+screen with its figures on top; a choice in a layer group's row changes all four layers and
+the pinned figures; the per-layer rows open; the communication graph and timeline render.
+
+Screenshots: test-artifacts/browser/lab_03_editor_*.png (and a copy under /tmp).
+"""
 
 from __future__ import annotations
 
 import re
+import shutil
 import time
 
 import pytest
 from lab import REPO, open_and_run, screenshot
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(360)]
+
+W1 = 'params["blocks"][*]["w1"]'
+
+
+def _shot(page, name: str) -> None:
+    path = screenshot(page, name)
+    shutil.copyfile(path, f"/tmp/{name}.png")
 
 
 def test_editor_notebook_edits_live_in_the_browser(lab_server, lab_page):
     name = lab_server.add(REPO / "notebooks" / "03_strategy_editor.ipynb")
-    page = open_and_run(lab_page, lab_server.base_url, lab_server.token, name, timeout=240)
+    page = open_and_run(lab_page, lab_server.base_url, lab_server.token, name, timeout=300)
     notebook = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
     figures = notebook.locator(".shardlab.sl-editor").first
     figures.wait_for()
-    # stock ipywidgets dropdowns, one per dimension of every input leaf
-    selects = notebook.locator(".widget-dropdown select")
-    assert selects.count() > 20
+    cell = notebook.locator(".jp-Cell", has=page.locator(".shardlab.sl-editor")).first
+    tabs = cell.locator(".widget-tab")
+    tabs.wait_for()
+    # the figures are pinned above the controls
+    assert figures.bounding_box()["y"] < tabs.bounding_box()["y"]
+    # a tab per argument, labelled as written; the four layers are one row
+    tab_text = tabs.inner_text()
+    for title in ("params (42)", "momentum (42)", "batch (2)"):
+        assert title in tab_text, tab_text
+    row = cell.locator(".widget-gridbox", has=page.locator("code", has_text=W1)).first
+    assert "×4 per layer" in row.inner_text()
+    assert cell.locator("code", has_text='params["embed"]').count() >= 1
+    # one screen: from the figures' top to the controls' bottom
+    outputs = cell.locator(".jp-OutputArea").first
+    outputs.scroll_into_view_if_needed()
+    box = outputs.bounding_box()
+    viewport = page.viewport_size
+    assert box["height"] <= viewport["height"] - 120, (box, viewport)
+    page.evaluate("(y) => window.scrollTo(0, y)", 0)
+    outputs.evaluate("el => el.scrollIntoView({block: 'start'})")
+    _shot(page, "lab_03_editor_open")
 
     def generation() -> int:
         found = re.search(r"strategy #(\d+)", figures.inner_text())
         return int(found.group(1)) if found else -1
 
-    before = generation()
-    selects.first.select_option(label="model")  # a user edit in the browser
-    # Lab replaces the output's DOM node on each update: poll through the locator.
-    deadline = time.monotonic() + 30
-    while generation() <= before and time.monotonic() < deadline:
+    def wait_generation(before: int) -> None:
+        # Lab replaces the output's DOM node on each update: poll through the locator.
+        deadline = time.monotonic() + 30
+        while generation() <= before and time.monotonic() < deadline:
+            page.wait_for_timeout(200)
+        assert generation() > before, figures.inner_text()
+
+    before, step_before = generation(), figures.locator(".sl-time").inner_text()
+    dim1 = row.locator("select").nth(1)  # w1's columns, every layer at once
+    current = dim1.evaluate("el => el.options[el.selectedIndex].text")
+    choice = "data" if current != "data" else "model"
+    dim1.select_option(label=choice)
+    wait_generation(before)
+    text = figures.text_content()
+    assert "changed:" in text or "invalid choice" in text
+    spec = "P(None, 'data')" if choice == "data" else "P(None, 'model')"
+    # the strategy lists the group once: all four layers have the new spec
+    assert f"{W1}: {spec}" in text.replace("&quot;", '"') or f"{W1}{spec}×4" in text, text
+    assert figures.locator(".sl-time").inner_text() != step_before  # the pinned figures moved
+    # per layer: four rows, each showing the group's new choice
+    row.locator("button", has_text="per layer").click()
+    layer_rows = cell.locator(".widget-gridbox", has=page.locator("code", has_text='["w1"]'))
+    deadline = time.monotonic() + 20
+    while layer_rows.count() < 5 and time.monotonic() < deadline:
         page.wait_for_timeout(200)
-    assert generation() > before, figures.inner_text()
-    assert "changed:" in figures.inner_text() or "invalid choice" in figures.inner_text()
+    assert layer_rows.count() == 5  # the group row and its four layers
+    for k in range(1, 5):
+        chosen = layer_rows.nth(k).locator("select").nth(1)
+        assert chosen.evaluate("el => el.options[el.selectedIndex].text") == choice
     # the compiled figures follow in the background
-    figures.locator(".sl-compile", has_text="compiled in").wait_for(timeout=90_000)
+    figures.locator(".sl-compile", has_text="compiled in").wait_for(timeout=120_000)
+    outputs.evaluate("el => el.scrollIntoView({block: 'start'})")
+    _shot(page, "lab_03_editor_group_edit")
     # the other views of the notebook
     notebook.locator(".shardlab.sl-commgraph").first.wait_for()
     assert notebook.locator(".shardlab.sl-commgraph").count() == 2  # commgraph + plan.show()
     # the timeline: a bokeh plot over its SVG view (the SVG shows where BokehJS does not)
     notebook.locator(".shardlab.sl-bokeh-timeline.sl-bokeh-live canvas").first.wait_for()
     notebook.locator(".jp-OutputArea-output", has_text="megatron+dp").wait_for()
-    figures.scroll_into_view_if_needed()
-    screenshot(page, "lab_03_strategy_editor")
+    # the plan's rich display: summary first
+    plan_view = notebook.locator(".shardlab.sl-plan").first
+    plan_view.wait_for()
+    assert "predicted step" in plan_view.inner_text() and "optimality" in plan_view.inner_text()
+    plan_view.scroll_into_view_if_needed()
+    _shot(page, "lab_03_plan_display")
