@@ -140,12 +140,12 @@ def expected_names(notebook: Any) -> dict[int, list[str]]:
         i, cell = cell_with("shardlab.commgraph(layer")
         line = 1 + cell.source.splitlines().index("    return jnp.tanh(x @ w)")
         expect.setdefault(i, []).extend(
-            [f"In [{cell.execution_count}] line {line}", "layer/dot_general"]
+            [f"In [{cell.execution_count}], line {line}", "layer/dot_general"]
         )
     if any("shardlab.editor(" in s for s in names):
         i, _ = cell_with("shardlab.editor(")
         expect.setdefault(i, []).extend(
-            ["batch/0", "strategy (", ".edit(leaf, dim, axes)", ".export()"]
+            ["batch[0]", "strategy: ", ".edit(label, dim, axes)", ".export()"]
         )
         i, _ = cell_with("shardlab.commgraph(step")
         expect.setdefault(i, []).append("shardlab/examples/transformer.py:")

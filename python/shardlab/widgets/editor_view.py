@@ -22,6 +22,7 @@ ACTIONS = (
     "Auto: shardlab.search(...) then .apply(plan) · Reset: .reset() · Export code: .export()"
 )
 MAX_STRATEGY_ROWS = 24  # sharded leaves (groups) listed one by one
+OPEN_STRATEGY_ROWS = 6  # a list this short is shown open, beside the figures
 
 
 def spec_text(spec: PartitionSpec) -> str:
@@ -208,8 +209,9 @@ class EditorView(View):
             for label, spec, k in sharded[:MAX_STRATEGY_ROWS]
         ]
         more = len(sharded) - MAX_STRATEGY_ROWS
+        opened = " open" if len(rows) <= OPEN_STRATEGY_ROWS else ""  # short: beside the table
         return (
-            f"<details class='sl-strategy'><summary>strategy: {n} leaves sharded, "
+            f"<details class='sl-strategy'{opened}><summary>strategy: {n} leaves sharded, "
             f"{replicated} replicated <code>P()</code></summary>"
             + (table(["leaf", "spec", "leaves"], rows, left=2) if rows else "")
             + (f"<div class='sl-note'>{more} more sharded rows</div>" if more > 0 else "")
