@@ -41,6 +41,10 @@ _GLOO_NOTICE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
 class ClusterError(RuntimeError):
     """A cluster that cannot start, is not running, or failed."""
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows instead of a traceback through the cluster's internals."""
+        return [f"\x1b[31m{type(self).__name__}\x1b[0m: {self}"]
+
 
 class ProcessDied(ClusterError):
     """An engine process exited: the whole cluster is stopped."""

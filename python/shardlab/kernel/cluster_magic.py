@@ -128,6 +128,7 @@ class ClusterMagics(Magics):
         ):
             raise UsageError("%cluster start: a cluster is running; use %cluster restart")
         options = _start_parser().parse_args(args)
+        self._stop()  # what is left of a cluster that died or timed out
         try:
             devices = device_sets(
                 options.n, devices_per_process=options.devices_per_process, gpus=options.gpus
@@ -185,7 +186,16 @@ class ClusterMagics(Magics):
                 f"%cluster pull: --process {options.process}; the cluster has processes "
                 f"0..{cluster.n - 1}"
             )
-        value = cluster.pull(options.name, process_id=options.process)
+        try:
+            value = cluster.pull(options.name, process_id=options.process)
+        except ClusterError as error:
+            raise SpmdError(str(error)).with_traceback(None) from None
+        except Exception as error:  # a NameError there, a value that does not pickle
+            raise SpmdError(
+                f"%cluster pull {options.name}: process {options.process}: "
+                f"{getattr(error, 'ename', type(error).__name__)}: "
+                f"{getattr(error, 'evalue', error)}"
+            ).with_traceback(None) from None
         shell = self.shell
         assert shell is not None
         target = options.local or options.name
