@@ -20,7 +20,7 @@ EDITS = 12
 def _edits(model: EditorModel) -> list[tuple[int, int, tuple[str, ...]]]:
     """Megatron-style toggles on the MLP weights of each block: split w1's columns over
     'model', then back, cycling through the blocks (every edit is valid)."""
-    targets = [i for i, leaf in enumerate(model.leaves) if leaf.label.endswith("/w1")]
+    targets = [i for i, leaf in enumerate(model.leaves) if leaf.path.endswith("/w1")]
     targets = [i for i in targets if leaf_is_param(model, i)]
     out = []
     for k in range(EDITS):
