@@ -51,6 +51,11 @@ EXPENSIVE = frozenset(
 )
 
 
+# Per node, bytes it needs only while it runs: one buffer, or several (the operands of a
+# combined all-reduce), each of which may sit in an output buffer not yet written.
+Transient = Callable[[int], "int | tuple[int, ...]"]
+
+
 @dataclasses.dataclass(frozen=True)
 class Liveness:
     """Which variables get a buffer and when each buffer can be freed.
@@ -118,7 +123,7 @@ def device_memory(
     extra: Callable[[int], int] = lambda v: 0,
     output_local: Callable[[int], int] | None = None,
     lv: Liveness | None = None,
-    transient: Callable[[int], int] = lambda i: 0,
+    transient: Transient = lambda i: 0,
 ) -> DeviceMemoryEstimate:
     """Per-device ``arguments + outputs + temp`` of a strategy.
 
@@ -131,8 +136,8 @@ def device_memory(
         output_local: per output variable, per-device bytes in its final layout (default
             ``local``).
         lv: a precomputed ``liveness(graph, live)``.
-        transient: per node, bytes it needs only while it runs: a node whose partial sums
-            are all-reduced holds the unreduced buffer next to the reduced one.
+        transient: per node, bytes it needs only while it runs (one buffer or a tuple of
+            them): the unreduced operands of an all-reduce next to its results.
     """
     lv = lv or liveness(graph, live)
     output_local = output_local or local
@@ -178,7 +183,7 @@ def held_at_peak(
     local: Callable[[int], int],
     extra: Callable[[int], int] = lambda v: 0,
     lv: Liveness | None = None,
-    transient: Callable[[int], int] = lambda i: 0,
+    transient: Transient = lambda i: 0,
 ) -> frozenset[int]:
     """The buffers (intermediates, and inputs held in another layout) live at the peak of
     ``device_memory``'s walk: a cut for linear memory constraints."""
@@ -267,12 +272,12 @@ def _walk(
     lv: Liveness,
     held: Callable[[int], int],
     start: Sequence[int],
-    transient: Callable[[int], int] = lambda i: 0,
+    transient: Transient = lambda i: 0,
     slots: dict[int, int] | None = None,
 ) -> tuple[int, frozenset[int]]:
     """Walk the program order holding ``held(v)`` bytes per buffer, plus ``transient(i)``
     bytes while node ``i`` runs: (peak, buffers at it). With ``slots`` (output → bytes),
-    what fits in the outputs not yet computed does not count (``_unplaced``)."""
+    what XLA places in the outputs' buffers does not count (``_assigned``)."""
     sizes: dict[int, int] = {}
 
     def size_of(v: int) -> int:
@@ -281,33 +286,73 @@ def _walk(
             got = sizes[v] = held(v)
         return got
 
+    if slots:
+        return _assigned(graph, lv, size_of, start, transient, slots)
     raw = [now for now, _ in _steps(graph, lv, size_of, start, transient)]
     if not raw:
         return 0, frozenset()
-    if not slots:
-        best = max(range(len(raw)), key=raw.__getitem__)
-        return raw[best], _snapshots(graph, lv, size_of, start, transient, {best})[best][0]
-    # What fits in the outputs not yet computed lowers a point by at most their bytes: the
-    # first-fit figure is taken at the points highest before (raw) and highest after that
-    # bound, one walk for all (exact where the peak is one of them, as it is in practice).
-    free, room = sum(slots.values()), [0] * len(raw)
-    room[0] = free
-    for p, i in enumerate(lv.order, start=1):
-        free -= sum(slots.get(v, 0) for v in graph.nodes[i].outputs)
-        room[p] = free
-    by_raw = sorted(range(len(raw)), key=lambda p: (-raw[p], p))[:PEAK_POINTS]
-    by_bound = sorted(range(len(raw)), key=lambda p: (room[p] - raw[p], p))[:PEAK_POINTS]
-    peak, at_peak = -1, frozenset()
-    for _p, (alive, extra, pending) in sorted(
-        _snapshots(graph, lv, size_of, start, transient, {*by_raw, *by_bound}, slots).items()
-    ):
-        now = _unplaced(sorted((size_of(v) for v in alive), reverse=True), extra, pending)
+    best = max(range(len(raw)), key=raw.__getitem__)
+    return raw[best], _snapshots(graph, lv, size_of, start, transient, {best})[best][0]
+
+
+def _assigned(
+    graph: OpGraph,
+    lv: Liveness,
+    size_of: Callable[[int], int],
+    start: Sequence[int],
+    transient: Transient,
+    slots: dict[int, int],
+) -> tuple[int, frozenset[int]]:
+    """Peak temp bytes when temporaries are first placed in output buffers, as XLA's buffer
+    assignment does before the heap: largest first, each into the smallest output buffer
+    that holds it, is written only after the temporary is dead, and holds no other
+    temporary at the same time (one at a time, at offset 0). What is left is the heap,
+    whose peak over the program points is ``temp``."""
+    point = {i: p for p, i in enumerate(lv.order, start=1)}
+    end = len(lv.order)
+    outputs = set(graph.outputs)
+    spans: list[tuple[int, int, int, int]] = []  # (bytes, first, last, var; -1: transient)
+    for v in start:
+        if size_of(v):
+            last = lv.last_use.get(v)
+            spans.append((size_of(v), 0, point[last] if last in point else end, v))
+    for i in lv.order:
+        p = point[i]
+        for v in graph.nodes[i].outputs:
+            size = size_of(v)
+            if size:
+                last = lv.last_use.get(v)
+                stays = v in outputs or last not in point
+                spans.append((size, p, end if stays else point[last], v))
+        extra = transient(i)
+        for piece in (extra,) if isinstance(extra, int) else extra:
+            if piece:
+                spans.append((piece, p, p, -1))
+    bins = sorted(
+        (size, point[graph.producer(o)]) for o, size in slots.items() if graph.producer(o) in point
+    )
+    bin_sizes = [b[0] for b in bins]
+    hosted: list[list[tuple[int, int]]] = [[] for _ in bins]
+    heap: list[tuple[int, int, int, int]] = []
+    for span in sorted(spans, key=lambda s: (-s[0], s[1])):
+        size, first, last, _ = span
+        for k in range(bisect.bisect_left(bin_sizes, size), len(bins)):
+            if bins[k][1] > last and all(b < first or a > last for a, b in hosted[k]):
+                hosted[k].append((first, last))
+                break
+        else:
+            heap.append(span)
+    delta = [0] * (end + 2)
+    for size, first, last, _ in heap:
+        delta[first] += size
+        delta[last + 1] -= size
+    peak, now, at = 0, 0, 0
+    for p in range(end + 1):
+        now += delta[p]
         if now > peak:
-            peak, at_peak = now, alive
-    return peak, at_peak
-
-
-PEAK_POINTS = 16
+            peak, at = now, p
+    alive = frozenset(v for _, first, last, v in heap if v >= 0 and first <= at <= last)
+    return peak, alive
 
 
 def _steps(
@@ -315,7 +360,7 @@ def _steps(
     lv: Liveness,
     size_of: Callable[[int], int],
     start: Sequence[int],
-    transient: Callable[[int], int],
+    transient: Transient,
 ):
     """Per program point (the start, then each node while it runs): ``(bytes held,
     buffers alive)``; the set is the walk's own, changed as the walk goes on."""
@@ -332,7 +377,7 @@ def _steps(
             if size:
                 temp += size
                 alive.add(v)
-        yield temp + transient(i), alive
+        yield temp + _total(transient(i)), alive
         for v in frees.get(i, ()):
             if v in alive and v not in outputs:
                 alive.discard(v)
@@ -344,41 +389,21 @@ def _snapshots(
     lv: Liveness,
     size_of: Callable[[int], int],
     start: Sequence[int],
-    transient: Callable[[int], int],
+    transient: Transient,
     points: set[int],
-    slots: dict[int, int] | None = None,
-) -> dict[int, tuple[frozenset[int], int, dict[int, int]]]:
-    """At the given program points: (buffers alive, transient bytes, outputs not yet
-    computed with their bytes)."""
-    out: dict[int, tuple[frozenset[int], int, dict[int, int]]] = {}
-    pending = dict(slots or {})
-    nodes = [-1, *lv.order]
+) -> dict[int, tuple[frozenset[int]]]:
+    """At the given program points: (buffers alive,)."""
+    out: dict[int, tuple[frozenset[int]]] = {}
     for p, (_, alive) in enumerate(_steps(graph, lv, size_of, start, transient)):
-        i = nodes[p]
-        if i >= 0:
-            for v in graph.nodes[i].outputs:
-                pending.pop(v, None)
         if p in points:
-            out[p] = (frozenset(alive), transient(i) if i >= 0 else 0, dict(pending))
+            out[p] = (frozenset(alive),)
             if len(out) == len(points):
                 break
     return out
 
 
-def _unplaced(sizes: list[int], extra: int, pending: dict[int, int]) -> int:
-    """Bytes of ``sizes`` (descending) and ``extra`` that do not fit, first fit decreasing,
-    into the buffers of outputs not yet computed: XLA's buffer assignment places a
-    temporary in an output's allocation when their live ranges do not overlap, one value
-    at a time at offset 0 (the rest of a larger output's buffer stays unused)."""
-    bins = sorted(pending.values())
-    left = 0
-    for size in sorted((*sizes, extra), reverse=True) if extra else sizes:
-        k = bisect.bisect_left(bins, size)
-        if k == len(bins):
-            left += size
-            continue
-        bins.pop(k)  # one value per output buffer at a time, at its start
-    return left
+def _total(extra: int | tuple[int, ...]) -> int:
+    return extra if isinstance(extra, int) else sum(extra)
 
 
 def peak_points(

@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from shardlab.parallel.arguments import eval_shape
 from shardlab.parallel.cost import layouts as L
-from shardlab.parallel.cost.combine import combine_all_reduces
+from shardlab.parallel.cost.combine import all_reduce_groups, combine_all_reduces, loop_of
 from shardlab.parallel.cost.memory import device_memory, expansion_scratch
 from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile
 from shardlab.parallel.cost.propagate import Propagation, propagate
@@ -65,10 +65,19 @@ def memory_estimate(
         dims = prop.layouts[v] or L.replicated(len(graph.shapes[v]))
         return L.local_bytes(graph.nbytes(v), dims, sizes)
 
-    reduced: dict[int, int] = {}  # node -> bytes of partial sums it all-reduces
-    for c, node in zip(prop.collectives, prop.collective_nodes, strict=True):
-        if c.kind == "all-reduce" and node >= 0:
-            reduced[node] = reduced.get(node, 0) + c.bytes * c.count
+    # The unreduced operands of a combined all-reduce are all live when it runs, after the
+    # last of them is computed, next to its results: per group, its members' bytes at
+    # the group's last node (one member: the unreduced buffer beside the reduced one).
+    reduced: dict[int, list[int]] = {}
+    groups = all_reduce_groups(graph, prop.collectives, prop.collective_nodes)
+    members: dict[tuple[object, ...], list[tuple[int, int]]] = {}
+    for c, node, group in zip(prop.collectives, prop.collective_nodes, groups, strict=True):
+        if group is not None:
+            key = (*group, loop_of(graph, node) if c.count == 1 else (node, c.count))
+            members.setdefault(key, []).append((node, c.bytes * c.count))
+    for parts in members.values():
+        last = max(node for node, _ in parts)
+        reduced.setdefault(last, []).extend(b for _, b in parts)
 
     def extra(v: int) -> int:  # copies in the other layouts its consumers needed
         return sum(L.local_bytes(graph.nbytes(v), lay, sizes) for lay in prop.copies.get(v, ()))
@@ -76,8 +85,8 @@ def memory_estimate(
     scratch = expansion_scratch(graph, local)
     expands = profile is not None and profile.expands_select_and_scatter
 
-    def transient(i: int) -> int:
-        return reduced.get(i, 0) + (scratch(i) if expands else 0)
+    def transient(i: int) -> tuple[int, ...]:
+        return (*reduced.get(i, ()), scratch(i) if expands else 0)
 
     return device_memory(graph, prop.live, local, extra, transient=transient)
 

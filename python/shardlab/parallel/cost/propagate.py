@@ -79,6 +79,7 @@ class _Propagator:
         self.count = 1
         self.spans: list[tuple[int, int, int, float]] = []
         self.collective_nodes: list[int] = []
+        self.live: list[bool] = []
 
     # -- emitting --------------------------------------------------------------------------
     def emit(self, kind: str, nbytes: int, group: int, axes: tuple[str, ...]) -> None:
@@ -304,6 +305,73 @@ class _Propagator:
         return sub
 
 
+def _forward(
+    graph: OpGraph,
+    input_layouts: list[L.DimAxes],
+    sizes: Mapping[str, int],
+    profile: DeviceProfile,
+    constraints: Mapping[int, L.DimAxes],
+) -> _Propagator:
+    p = _Propagator(graph, sizes, profile)
+    for v, dims in zip(graph.inputs, input_layouts, strict=True):
+        p.lay[v] = dims
+    for v, value in enumerate(graph.literal):
+        if value is not None and p.lay[v] is None:
+            p.lay[v] = L.replicated(len(np.shape(value)))
+    p.live = p.run(constraints)
+    return p
+
+
+# Cheap ops a consumer's layout is pulled back through (they are computed wherever needed).
+PULLED = ELEMENTWISE | frozenset(
+    "broadcast_in_dim reshape squeeze expand_dims transpose convert_element_type iota "
+    "reduce_sum reduce_max reduce_min select_n".split()
+)
+
+
+def _pull_back(
+    graph: OpGraph, p: _Propagator, sizes: Mapping[str, int], fixed: Mapping[int, L.DimAxes]
+) -> dict[int, L.DimAxes]:
+    """Layouts XLA's propagation gives values computed from replicated data only (after a
+    gather for an op that needs whole dimensions, e.g. ``top_k``): a consumer that slices
+    such a value to a split layout makes XLA compute it split, and its replicated inputs
+    too, back through cheap ops (a replicated sharding is the least specific, so the
+    users' wins). A reduction over a dimension split that way then leaves partial sums:
+    a load-balancing count over routed tokens is all-reduced, as compiled."""
+
+    def replicated(v: int) -> bool:
+        return not any(p.layout(v)) and graph.producer(v) >= 0 and v not in fixed
+
+    want: dict[int, L.DimAxes] = {}
+    for var, target in p.cache:
+        if replicated(var) and any(target) and var not in want:
+            want[var] = target
+    if not want:
+        return {}
+    out: dict[int, L.DimAxes] = {}
+    stack = list(want.items())
+    while stack:
+        v, lay = stack.pop()
+        if v in out:
+            continue
+        out[v] = lay
+        node = graph.nodes[graph.producer(v)]
+        if node.primitive not in PULLED or len(node.outputs) != 1:
+            continue
+        rule = rule_for(node, graph)
+        if not rule.known:
+            continue
+        factor_axes = L.to_factors(lay, rule.results[0], rule.factor_sizes, sizes)
+        factor_axes = {f: a for f, a in factor_axes.items() if f not in rule.replicated}
+        for u, dims in zip(node.inputs, rule.operands, strict=True):
+            if not replicated(u) or not graph.shapes[u] or u in out:
+                continue
+            need = L.from_factors(dims, factor_axes, rule.factor_sizes, sizes)
+            if any(need):
+                stack.append((u, need))
+    return out
+
+
 def propagate(
     graph: OpGraph,
     input_layouts: list[L.DimAxes],
@@ -323,13 +391,12 @@ def propagate(
         constraints: ``{variable id: layout}`` for intermediates.
         output_layouts: per graph output, the layout it must end in (``None``: as computed).
     """
-    p = _Propagator(graph, sizes, profile)
-    for v, dims in zip(graph.inputs, input_layouts, strict=True):
-        p.lay[v] = dims
-    for v, value in enumerate(graph.literal):
-        if value is not None and p.lay[v] is None:
-            p.lay[v] = L.replicated(len(np.shape(value)))
-    live = p.run(constraints or {})
+    fixed = dict(constraints or {})
+    p = _forward(graph, input_layouts, sizes, profile, fixed)
+    pulled = _pull_back(graph, p, sizes, fixed)
+    if pulled:
+        p = _forward(graph, input_layouts, sizes, profile, {**pulled, **fixed})
+    live = p.live
     p.node = None
     targets = output_layouts or [None] * len(graph.outputs)
     computed: dict[int, L.DimAxes] = {}  # output -> the layout it was computed in
