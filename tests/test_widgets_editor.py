@@ -237,7 +237,9 @@ def test_stopping_auto_shows_stopped_early(monkeypatch):
 def test_constraints_on_intermediates_change_prediction_and_compile(model):
     model.constraints = {}
     model.set_all([P()] * 4 + [P("data")])
-    assert model.intermediates and model.intermediates[0].label.startswith("matmul at test_widgets_editor.py:")
+    assert model.intermediates and model.intermediates[0].label.startswith(
+        "matmul at test_widgets_editor.py:"
+    )
     first = model.intermediates[0]
     before = model.current
     after = model.constrain(first.node, 1, ("model",))  # x @ w1 columns over 'model'

@@ -314,16 +314,16 @@ def _assigned(
     spans: list[tuple[int, int, int, int]] = []  # (bytes, first, last, var; -1: transient)
     for v in start:
         if size_of(v):
-            last = lv.last_use.get(v)
-            spans.append((size_of(v), 0, point[last] if last in point else end, v))
+            last = point.get(lv.last_use.get(v, -1))
+            spans.append((size_of(v), 0, end if last is None else last, v))
     for i in lv.order:
         p = point[i]
         for v in graph.nodes[i].outputs:
             size = size_of(v)
             if size:
-                last = lv.last_use.get(v)
-                stays = v in outputs or last not in point
-                spans.append((size, p, end if stays else point[last], v))
+                last = point.get(lv.last_use.get(v, -1))
+                stays = v in outputs or last is None
+                spans.append((size, p, end if stays or last is None else last, v))
         extra = transient(i)
         for piece in (extra,) if isinstance(extra, int) else extra:
             if piece:
