@@ -146,6 +146,52 @@ def test_release_replies_then_sends_status(kernel, comm):
     assert kernel.ok("float(big.sum())").text == "16384.0"  # named arrays are kept
 
 
+def test_memory_history_a_line_per_device_with_release_and_mode_markers(kernel, comm):
+    kernel.ok(
+        "mem_a = jax.device_put(jnp.ones((512, 256)), jax.NamedSharding(shardlab.mesh(data=8), P('data')))"
+    )
+    kernel.ok("%%eager\nmem_b = jnp.ones((256, 256))")
+    kernel.ok("del mem_a, mem_b\n%release")
+    (reply,) = comm.ask({"request": "status"})
+    history = reply["status"]["memory_history"]
+    assert len(history["devices"]) == 8
+    assert len(history["t"]) == len(history["bytes"]) >= 3
+    assert history["t"] == sorted(history["t"])
+    assert all(len(row) == 8 for row in history["bytes"])
+    # the last sample is the record's bytes, device by device
+    last = dict(zip(history["devices"], history["bytes"][-1], strict=True))
+    assert last == reply["status"]["bytes_per_device"]
+    # mem_a held 512 * 256 * 4 / 8 bytes on every device at some point
+    peak = max(row[-1] for row in history["bytes"])
+    assert peak >= 512 * 256 * 4 // 8
+    kinds = [m["kind"] for m in history["markers"]]
+    assert "release" in kinds and "mode" in kinds
+    assert len(history["t"]) <= 240 and len(history["markers"]) <= 40
+
+
+def test_memory_history_compact_is_capped_keeps_peaks_and_gaps():
+    from shardlab.engine.memory_history import MemoryRecorder
+
+    values = {"n": 2, "big": 0}
+
+    def sampler():
+        return tuple((f"TFRT_CPU_{d}", 100 + values["big"] * (d + 1)) for d in range(values["n"]))
+
+    rec = MemoryRecorder(None, sampler=sampler)
+    for i in range(1000):
+        values["big"] = 10_000 if i == 517 else 0
+        rec.sample()
+    values["n"] = 3
+    rec.sample()
+    rec.mark("release", "release (cell 4)")
+    short = rec.compact(limit=50, max_markers=1)
+    assert len(short["t"]) == 50 and short["samples"] == 1002
+    assert short["devices"] == ["TFRT_CPU_0", "TFRT_CPU_1", "TFRT_CPU_2"]
+    assert max(row[1] for row in short["bytes"] if row[1] is not None) == 100 + 20_000
+    assert short["bytes"][0][2] is None and short["bytes"][-1][2] == 100  # absent: null
+    assert [m["kind"] for m in short["markers"]] == ["release"]  # the newest kept
+
+
 def test_set_default_mode(kernel, comm):
     try:
         messages = comm.ask({"request": "set_default_mode", "mode": "graph", "id": "m"})

@@ -236,9 +236,9 @@ def test_memory_history_marks_device_switches_and_keeps_markers_when_thinned(mon
     def sampler():
         return tuple((f"TFRT_CPU_{d}", 1024 * (d + 1)) for d in range(values["n"]))
 
-    import shardlab.widgets.bokeh_memory as bokeh_memory
+    import shardlab.engine.memory_history as memory_history
 
-    monkeypatch.setattr(bokeh_memory, "MAX_SAMPLES", 50)
+    monkeypatch.setattr(memory_history, "MAX_SAMPLES", 50)
     history = MemoryHistory(None, sampler=sampler)
     for _ in range(60):
         history.sample()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..engine import memory_history
 from .cluster_magic import ClusterMagics
 from .compare_magic import CompareMagics
 from .magics import ShardlabMagics
@@ -28,6 +29,10 @@ def register(shell: Any) -> ShardlabSession:
     attach(shell, session)
     shell.configurables.append(session)
     shell.input_transformers_cleanup.append(session.transform)
+    # Memory over time, hooked before the session so that a cell's last sample and markers
+    # are taken before the session sends the status; dormant until a comm or
+    # shardlab.memory() wants it.
+    memory_history.recorder(shell, activate=False)
     shell.events.register("pre_run_cell", session.pre_run_cell)
     shell.events.register("post_run_cell", session.post_run_cell)
     shell.register_magics(ShardlabMagics(shell, session=session))

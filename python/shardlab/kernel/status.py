@@ -20,8 +20,10 @@ anything else                           ``{"type": "error", "request", "message"
 ======================================  =================================================
 
 "Then a status" goes to every open comm. The record: default mode, last effective mode,
-devices, per-device live bytes, the active mesh, the largest named arrays and the last cells'
-modes. The arrays are computed only while a comm is open, over a bounded walk.
+devices, per-device live bytes, the active mesh, the largest named arrays, the last cells'
+modes and ``memory_history``, per-device live bytes over time (``engine/memory_history.py``,
+recorded from the first comm on; at most ``MAX_SENT`` samples with the newest markers, or
+None before; volatile like the history, so it rides along when something else changed). The arrays are computed only while a comm is open, over a bounded walk.
 
 ``comm_info_request`` lists open comms, not registered targets, so the kernel also keeps one
 dormant comm with target ``shardlab`` (it sends nothing): a front end asks
@@ -48,7 +50,7 @@ REQUESTS = ("status", "release", "set_default_mode", "switch_devices")
 MAX_ARRAYS = 10
 MAX_HISTORY = 10
 # Fields that change with every cell: a record that differs only in these is not re-sent.
-VOLATILE = ("execution_count", "last_duration_s", "last_mode_source", "history")
+VOLATILE = ("execution_count", "last_duration_s", "last_mode_source", "history", "memory_history")
 
 
 def mesh_shape(namespace: dict[str, Any] | None) -> dict[str, int] | None:
@@ -131,6 +133,7 @@ def status_record(session: ShardlabSession, *, details: bool = True) -> dict[str
     shell = session.shell
     namespace = getattr(shell, "user_ns", None) if shell is not None else None
     history = list(session.history)[-MAX_HISTORY:]
+    bytes_per_device = memory.live_bytes_per_device()
     return {
         "version": 1,
         "default_mode": session.default_mode,
@@ -144,7 +147,7 @@ def status_record(session: ShardlabSession, *, details: bool = True) -> dict[str
             "kinds": sorted({d.device_kind for d in devices}),
             "pinned": os.environ.get("SHARDLAB_DEVICES"),
         },
-        "bytes_per_device": memory.live_bytes_per_device(),
+        "bytes_per_device": bytes_per_device,
         "mesh": mesh_shape(namespace),
         "largest_arrays": largest_arrays(namespace) if details else [],
         "history": [
@@ -156,7 +159,20 @@ def status_record(session: ShardlabSession, *, details: bool = True) -> dict[str
             }
             for item in history
         ],
+        "memory_history": memory_over_time(shell, bytes_per_device),
     }
+
+
+def memory_over_time(shell: Any, bytes_per_device: dict[str, int]) -> dict[str, Any] | None:
+    """The shell's memory recorder in its compact form (``MAX_SENT`` samples at most), ending
+    at ``bytes_per_device``; None while no recorder is active."""
+    from ..engine import memory_history
+
+    found = memory_history.existing(shell) if shell is not None else None
+    if found is None:
+        return None
+    found.sample_if_changed(bytes_per_device)
+    return found.compact()
 
 
 class RequestError(ValueError):
@@ -193,6 +209,10 @@ class StatusChannel:
 
     def _on_open(self, comm: Any, message: dict[str, Any]) -> None:
         self.comms.append(comm)
+        if self.session.shell is not None:  # the panel's memory over time, from now on
+            from ..engine import memory_history
+
+            memory_history.recorder(self.session.shell).activate()
 
         def on_msg(msg: dict[str, Any]) -> None:
             data = msg.get("content", {}).get("data", {})
@@ -237,6 +257,11 @@ class StatusChannel:
         from .release import release_shell
 
         report = release_shell(self.session.shell, self.session)
+        from ..engine import memory_history
+
+        found = memory_history.existing(self.session.shell)
+        if found is not None:
+            found.mark("release", "Release (panel)")
         self._reply(
             comm,
             {

@@ -1,10 +1,14 @@
 """Memory over time: per-device live bytes, a line per device, with markers at releases,
 mode switches and device switches — the history part of ``shardlab.memory()``.
 
-A ``MemoryHistory`` (one per kernel, started by the first ``shardlab.memory()``) samples
+The samples and markers are the shell's recorder's (``engine/memory_history.py``, shared with
+the lab extension's panel); this module draws them.
+
+The recorder (started by the first ``shardlab.memory()`` or the panel) samples
 ``engine.memory.live_bytes_per_device`` when a cell starts and ends and, while a cell runs,
 every ``SAMPLE_S`` seconds from a background thread, so the plot streams during a long cell
-(its output is updated in place by display id, at most every ``UPDATE_S`` seconds). Markers:
+(a ``MemoryHistory``'s outputs are updated in place by display id, at most every ``UPDATE_S``
+seconds). Markers:
 a release (``%release``, ``shardlab.release()`` or the panel's button), a cell mode different
 from the previous cell's (read from the shardlab session where one is loaded), and a change
 of the device set (``%devices``). Past ``MAX_SAMPLES`` samples, every other old one is dropped
@@ -18,137 +22,62 @@ of the device set (``%devices``). Past ``MAX_SAMPLES`` samples, every other old 
 
 from __future__ import annotations
 
-import dataclasses
-import re
-import threading
 import time
 import uuid
 from typing import Any
 
+from ..engine.memory_history import MemoryMarker, MemoryRecorder, MemorySample, recorder
 from ._bokeh import BokehView, ensure_loader
 from ._html import PALETTE, View, esc, fmt_bytes, panel
 from .bokeh_explorer import byte_unit
 
-SAMPLE_S = 0.5
 UPDATE_S = 1.0
-MAX_SAMPLES = 4000
 MARKER_COLORS = {"release": "#009E73", "mode": "#CC79A7", "devices": "#D55E00"}
-_RELEASE = re.compile(r"(^|\n)\s*%release\b|\brelease\(")
 SVG_W, SVG_H = 640, 180
 
 
-@dataclasses.dataclass(frozen=True)
-class MemorySample:
-    t: float  # seconds since the history started
-    cell: int | None
-    bytes_per_device: tuple[tuple[str, int], ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class MemoryMarker:
-    t: float
-    kind: str  # "release" | "mode" | "devices"
-    text: str
-
-
-def _sample_bytes() -> tuple[tuple[str, int], ...]:
-    from ..engine.memory import live_bytes_per_device
-
-    return tuple(live_bytes_per_device().items())
-
-
 class MemoryHistory:
-    """Samples and markers, and the displays that show them."""
+    """The displays of a shell's memory recorder (``engine/memory_history.py``, which
+    keeps the samples and markers): they update in place after each sample, at most every
+    ``UPDATE_S`` seconds while a cell runs."""
 
-    def __init__(self, shell: Any = None, *, sampler: Any = _sample_bytes) -> None:
+    def __init__(
+        self,
+        shell: Any = None,
+        *,
+        sampler: Any = None,
+        recorder: MemoryRecorder | None = None,
+    ) -> None:
+        if recorder is None:
+            kwargs = {"sampler": sampler} if sampler is not None else {}
+            recorder = MemoryRecorder(shell, **kwargs)
+        self.recorder = recorder
         self.shell = shell
-        self.sampler = sampler
-        self.started = time.perf_counter()
-        self.samples: list[MemorySample] = []
-        self.markers: list[MemoryMarker] = []
         self.displays: list[str] = []  # display ids of the plots shown
-        self.lock = threading.Lock()
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._cell: int | None = None
-        self._last_mode: str | None = None
         self._last_update = 0.0
-        self._code = ""
-        self.sample()
+        recorder.listeners.append(self._on_sample)
 
-    # -- recording -------------------------------------------------------------------------
-    def now(self) -> float:
-        return time.perf_counter() - self.started
+    @property
+    def samples(self) -> list[MemorySample]:
+        return self.recorder.samples
+
+    @property
+    def markers(self) -> list[MemoryMarker]:
+        return self.recorder.markers
 
     def sample(self) -> MemorySample:
-        values = self.sampler()
-        with self.lock:
-            previous = self.samples[-1] if self.samples else None
-            sample = MemorySample(self.now(), self._cell, values)
-            self.samples.append(sample)
-            if previous is not None:
-                before = {d for d, _ in previous.bytes_per_device}
-                after = {d for d, _ in values}
-                if before != after:
-                    self.markers.append(
-                        MemoryMarker(sample.t, "devices", f"devices {len(before)} → {len(after)}")
-                    )
-            if len(self.samples) > MAX_SAMPLES:
-                half = len(self.samples) // 2
-                self.samples = self.samples[:half:2] + self.samples[half:]
-        return sample
+        return self.recorder.sample()
 
     def mark(self, kind: str, text: str) -> None:
-        with self.lock:
-            self.markers.append(MemoryMarker(self.now(), kind, text))
+        self.recorder.mark(kind, text)
 
-    def pre_run_cell(self, info: Any) -> None:
-        # IPython counts execution_count up before pre_run_cell: cell N runs with N + 1
-        count = getattr(self.shell, "execution_count", None)
-        self._cell = count - 1 if isinstance(count, int) and count > 0 else None
-        self._code = getattr(info, "raw_cell", "") or ""
-        session = getattr(self.shell, "_shardlab_session", None)  # the kernel's, if loaded
-        mode = getattr(getattr(session, "current", None), "mode", None)
-        if isinstance(mode, str):
-            if self._last_mode is not None and mode != self._last_mode:
-                self.mark("mode", f"mode {self._last_mode} → {mode} (cell {self._cell})")
-            self._last_mode = mode
-        self.sample()
-        self._start_sampler()
-
-    def post_run_cell(self, result: Any) -> None:
-        self._stop_sampler()
-        if _RELEASE.search(self._code):
-            self.mark("release", f"release (cell {self._cell})")
-        self.sample()
-        self.refresh()
-
-    def _start_sampler(self) -> None:
-        if self._thread is not None:
-            return
-        stopped = self._stopped = threading.Event()
-
-        def run() -> None:
-            while not stopped.wait(SAMPLE_S):
-                try:
-                    self.sample()
-                    if time.perf_counter() - self._last_update >= UPDATE_S:
-                        self.refresh()
-                except Exception:  # e.g. a sample between a device switch's steps: next time
-                    continue
-
-        self._thread = threading.Thread(target=run, name="shardlab-memory", daemon=True)
-        self._thread.start()
-
-    def _stop_sampler(self) -> None:
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            self._stopped.set()
-            thread.join(timeout=2 * SAMPLE_S)
+    def _on_sample(self, final: bool) -> None:
+        if final or time.perf_counter() - self._last_update >= UPDATE_S:
+            self.refresh()
 
     # -- display ---------------------------------------------------------------------------
     def view(self) -> MemoryTimelineView:
-        with self.lock:
+        with self.recorder.lock:
             return MemoryTimelineView(tuple(self.samples), tuple(self.markers))
 
     def show(self) -> None:
@@ -171,28 +100,21 @@ class MemoryHistory:
             update_display(bundle, raw=True, display_id=display_id)
 
     def stop(self) -> None:
-        self._stop_sampler()
-        if self.shell is not None:
-            for name, hook in (
-                ("pre_run_cell", self.pre_run_cell),
-                ("post_run_cell", self.post_run_cell),
-            ):
-                try:
-                    self.shell.events.unregister(name, hook)
-                except ValueError:
-                    pass
+        if self._on_sample in self.recorder.listeners:
+            self.recorder.listeners.remove(self._on_sample)
+        self.recorder.stop()
 
 
 _HISTORY: dict[int, MemoryHistory] = {}
 
 
 def history(shell: Any) -> MemoryHistory:
-    """The kernel's memory history, started (and hooked into cells) on first use."""
+    """The kernel's memory history: its displays over the shell's recorder (started, and
+    hooked into cells, on first use; shared with the lab extension's panel)."""
     found = _HISTORY.get(id(shell))
-    if found is None or found.shell is not shell:
-        found = MemoryHistory(shell)
-        shell.events.register("pre_run_cell", found.pre_run_cell)
-        shell.events.register("post_run_cell", found.post_run_cell)
+    rec = recorder(shell)
+    if found is None or found.shell is not shell or found.recorder is not rec:
+        found = MemoryHistory(shell, recorder=rec)
         _HISTORY[id(shell)] = found
     return found
 
