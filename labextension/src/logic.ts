@@ -44,6 +44,24 @@ export interface IHistoryItem {
   duration_s: number;
 }
 
+export interface IMemoryMarker {
+  t: number;
+  kind: string;
+  text: string;
+}
+
+/** `memory_history` of the status record. */
+export interface IMemoryHistory {
+  devices: string[];
+  /** Seconds since the kernel started recording, one per sample. */
+  t: number[];
+  /** Per sample, bytes per device in `devices` order; null where the device was absent. */
+  bytes: (number | null)[][];
+  markers: IMemoryMarker[];
+  /** How many samples the kernel holds (more than `t.length` when it sent fewer). */
+  samples: number;
+}
+
 /** The kernel's status record (`status_record` in python/shardlab/kernel/status.py). */
 export interface IShardlabStatus {
   version: number;
@@ -57,6 +75,8 @@ export interface IShardlabStatus {
   mesh: Record<string, number> | null;
   largest_arrays: IArrayInfo[];
   history: IHistoryItem[];
+  /** Live bytes per device over time; absent from older kernels, null before recording. */
+  memory_history?: IMemoryHistory | null;
 }
 
 export interface IReleaseResult {
@@ -120,9 +140,38 @@ function isHistoryItem(value: unknown): value is IHistoryItem {
   );
 }
 
+/** True for a well-formed `memory_history` (rows as long as `devices`, one per time). */
+export function isMemoryHistory(value: unknown): value is IMemoryHistory {
+  if (!isDict(value)) {
+    return false;
+  }
+  const { devices, t, bytes, markers, samples } = value;
+  return (
+    Array.isArray(devices) &&
+    devices.every(d => typeof d === 'string') &&
+    Array.isArray(t) &&
+    t.every(isFiniteNumber) &&
+    Array.isArray(bytes) &&
+    bytes.length === t.length &&
+    bytes.every(
+      row =>
+        Array.isArray(row) &&
+        row.length === devices.length &&
+        row.every(b => b === null || (isFiniteNumber(b) && b >= 0))
+    ) &&
+    Array.isArray(markers) &&
+    markers.every(
+      m =>
+        isDict(m) && isFiniteNumber(m.t) && typeof m.kind === 'string' && typeof m.text === 'string'
+    ) &&
+    isFiniteNumber(samples)
+  );
+}
+
 /**
  * The status record if `value` is a well-formed one, else null. Fields added by newer
- * kernels are kept; missing or mistyped known fields reject the record.
+ * kernels are kept; missing or mistyped known fields reject the record (a malformed
+ * `memory_history` only becomes null).
  */
 export function validateStatus(value: unknown): IShardlabStatus | null {
   if (!isDict(value)) {
@@ -148,6 +197,10 @@ export function validateStatus(value: unknown): IShardlabStatus | null {
     value.largest_arrays.every(isArrayInfo) &&
     Array.isArray(value.history) &&
     value.history.every(isHistoryItem);
+  if (ok && value.memory_history !== undefined && !isMemoryHistory(value.memory_history)) {
+    // a malformed chart costs the chart, not the panel
+    return { ...(value as unknown as IShardlabStatus), memory_history: null };
+  }
   return ok ? (value as unknown as IShardlabStatus) : null;
 }
 

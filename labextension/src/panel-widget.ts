@@ -11,6 +11,7 @@ import { Widget } from '@lumino/widgets';
 import type { ShardlabConnection } from './comm';
 import { formatBytes, gpuInstallCommand } from './logic';
 import type { IShardlabStatus } from './logic';
+import { MARGIN, MARKER_COLORS, MARKER_NAMES, memoryChart } from './memory-chart';
 import {
   arrayRows,
   cpuCount,
@@ -41,6 +42,30 @@ function el(tag: string, attrs: Record<string, string> = {}, ...children: Child[
     }
   }
   return node;
+}
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+
+/** An SVG element with attributes and children (`title` children become tooltips). */
+function svg(tag: string, attrs: Record<string, string | number> = {}, ...children: Node[]): SVGElement {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    node.setAttribute(key, String(value));
+  }
+  node.append(...children);
+  return node;
+}
+
+function svgTitle(text: string): SVGElement {
+  const title = document.createElementNS(SVG_NS, 'title');
+  title.textContent = text;
+  return title;
+}
+
+/** "TFRT_CPU_3" → "3", "cuda:1" → "1": legend labels; the full name is the tooltip. */
+function shortDevice(device: string): string {
+  const match = /(\d+)\D*$/.exec(device);
+  return match ? match[1] : device;
 }
 
 function empty(text: string): HTMLElement {
@@ -233,8 +258,110 @@ export class ShardlabPanel extends Widget {
         memorySummary(status.bytes_per_device)
       ),
       el('div.shardlab-Panel-bars', {}, ...rows),
+      this._chart(status),
       el('div.shardlab-Panel-form', {}, release),
       this._messageNode('release')
+    );
+  }
+
+  /** Live bytes per device over time: a line per device, dashed lines at markers. */
+  private _chart(status: IShardlabStatus): HTMLElement | null {
+    const history = status.memory_history;
+    const chart = history ? memoryChart(history) : null;
+    if (!history || !chart) {
+      return null;
+    }
+    const { width, height } = chart;
+    const plot = svg(
+      'svg',
+      {
+        class: 'shardlab-Panel-chart',
+        width,
+        height,
+        viewBox: `0 0 ${width} ${height}`,
+        role: 'img',
+        'aria-label': `live bytes per device over time: ${chart.summary}`
+      },
+      ...chart.yTicks.map(tick =>
+        svg(
+          'g',
+          { class: 'shardlab-Panel-chartTick' },
+          svg('line', { x1: MARGIN.left, x2: width - MARGIN.right, y1: tick.y, y2: tick.y }),
+          Object.assign(svg('text', { x: MARGIN.left - 4, y: tick.y + 3, 'text-anchor': 'end' }), {
+            textContent: tick.label
+          })
+        )
+      ),
+      Object.assign(svg('text', { class: 'shardlab-Panel-chartAxis', x: MARGIN.left, y: height - 3 }), {
+        textContent: chart.xLabels[0]
+      }),
+      Object.assign(
+        svg('text', {
+          class: 'shardlab-Panel-chartAxis',
+          x: width - MARGIN.right,
+          y: height - 3,
+          'text-anchor': 'end'
+        }),
+        { textContent: chart.xLabels[1] }
+      ),
+      ...chart.markers.map(marker =>
+        svg(
+          'line',
+          {
+            class: 'shardlab-Panel-chartMarker',
+            'data-kind': marker.kind,
+            x1: marker.x,
+            x2: marker.x,
+            y1: MARGIN.top,
+            y2: height - MARGIN.bottom,
+            stroke: marker.color
+          },
+          svgTitle(marker.title)
+        )
+      ),
+      ...chart.lines.map(line =>
+        svg(
+          'g',
+          { class: 'shardlab-Panel-chartLine', 'data-device': line.device },
+          svgTitle(
+            `${line.device}: now ${line.last === null ? 'absent' : formatBytes(line.last)}, ` +
+              `peak ${formatBytes(line.peak)}`
+          ),
+          ...line.segments.map(points =>
+            svg('polyline', { points, fill: 'none', stroke: line.color })
+          )
+        )
+      )
+    );
+    const kinds = [...new Set(chart.markers.map(m => m.kind))];
+    const legend = el(
+      'div.shardlab-Panel-legend',
+      {},
+      ...chart.lines.map(line =>
+        el(
+          'span.shardlab-Panel-legendItem',
+          { title: line.device },
+          el('span.shardlab-Panel-swatch', { style: `background: ${line.color}` }),
+          shortDevice(line.device)
+        )
+      ),
+      ...kinds.map(kind =>
+        el(
+          'span.shardlab-Panel-legendItem',
+          {},
+          el('span.shardlab-Panel-markerSwatch', {
+            style: `border-color: ${MARKER_COLORS[kind] ?? '#888888'}`
+          }),
+          MARKER_NAMES[kind] ?? kind
+        )
+      )
+    );
+    return el(
+      'div.shardlab-Panel-overTime',
+      {},
+      el('div.shardlab-Panel-hint', {}, 'Over time · ', chart.summary),
+      plot,
+      legend
     );
   }
 

@@ -362,6 +362,15 @@ def test_status_bar_memory_and_release_from_the_panel(lab_server, lab_page):
     assert "1.0 MiB" in panel.locator(".shardlab-Panel-arrays").inner_text()
     assert "257.0 MiB" in panel.locator(".shardlab-Panel-memory").inner_text()
     assert "[3]" in panel.locator(".shardlab-Panel-history").inner_text()
+    # Memory over time: a line per device, 256 MiB at the top of the fullest one's.
+    chart = panel.locator("svg.shardlab-Panel-chart")
+    chart.wait_for()
+    lines = chart.locator(".shardlab-Panel-chartLine")
+    assert lines.count() == 8
+    assert all(lines.nth(k).locator("polyline").count() >= 1 for k in range(8))
+    assert "500.0 MiB" in chart.inner_html()  # the byte axis, rounded up, in human units
+    over_time = panel.locator(".shardlab-Panel-overTime").inner_text()
+    assert "8 devices over" in over_time and "peak 257.0 MiB" in over_time, over_time
     screenshot(page, "ext_panel_before_release")
 
     panel.locator("button.shardlab-Panel-release").click()
@@ -376,6 +385,9 @@ def test_status_bar_memory_and_release_from_the_panel(lab_server, lab_page):
         lambda: (_status_bytes(page) or MiB * 999) <= 2 * MiB,
         timeout=60,
     )
+    release_marker = chart.locator('.shardlab-Panel-chartMarker[data-kind="release"]')
+    _wait_for(page, "a release marker on the chart", lambda: release_marker.count() >= 1, 60)
+    assert "Release (panel)" in release_marker.first.inner_html()
     screenshot(page, "ext_panel_after_release")
 
     # Switch devices in-process, from the panel, and back; the named array survives.
@@ -391,7 +403,11 @@ def test_status_bar_memory_and_release_from_the_panel(lab_server, lab_page):
         switched.get_attribute("class") or ""
     )
     assert "float32[1024, 256]" in panel.locator(".shardlab-Panel-arrays").inner_text()
+    switch_marker = chart.locator('.shardlab-Panel-chartMarker[data-kind="devices"]')
+    assert switch_marker.count() >= 2, chart.inner_html()  # 8 → 4 and 4 → 8
+    assert chart.locator(".shardlab-Panel-chartLine").count() == 8
     screenshot(page, "ext_panel_switched")
+    panel.locator(".shardlab-Panel-memory").screenshot(path="/tmp/shardlab_panel_memory.png")
 
 
 def test_kernel_restart_reconnects_the_status_bar(lab_server, lab_page):
