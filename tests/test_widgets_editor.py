@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -294,3 +295,59 @@ def test_editor_applies_a_plan_for_a_scanned_model():
     # the editor leaves output layouts to XLA (the plan pins them): no more kinds than the plan
     compiled = {c.kind for c in results[0].report.collectives}
     assert compiled and compiled <= {c.kind for c in plan.verify().collectives}
+
+
+def test_background_compile_shows_an_indeterminate_bar_after_a_second(monkeypatch):
+    """A compile that runs past the progress delay (about a second) shows an indeterminate
+    bar with "compiling in the background… n s" in the editor; the compiled figures replace
+    it. A newer edit keeps the one bar; a quick compile never shows it."""
+    import threading
+    import time
+
+    mesh = shardlab.mesh(data=2, model=4)
+    params = [(jnp.ones((64, 256)), jnp.ones((256, 64))) for _ in range(2)]
+    ed = shardlab.editor(jax.grad(loss), params, jnp.ones((32, 64)), mesh=mesh)
+    views: list[tuple[str, str]] = []
+    monkeypatch.setattr(ed, "_refresh", lambda: views.append((ed.view().text(), ed.view().html())))
+    real = ed.model.compile
+    delay = {"s": 1.8}
+
+    def slow(on_done):
+        def job():
+            time.sleep(delay["s"])
+            real(on_done).join(60)
+
+        thread = threading.Thread(target=job, daemon=True)
+        thread.start()
+        return thread
+
+    monkeypatch.setattr(ed.model, "compile", slow)
+    ed.edit(0, 1, "model")
+    assert ed.compiling and "sl-progress-indeterminate" not in views[-1][1]  # not yet
+    assert views[-1][0].count("compiling in the background…") == 1
+    bar = ed._compile_bar
+    assert bar is not None
+    time.sleep(0.3)
+    ed.edit(0, 1, ())  # supersedes the first compile; the bar keeps running
+    assert ed._compile_bar is bar
+    t0 = time.time()
+    while ed.compiling and time.time() - t0 < 60:
+        time.sleep(0.05)
+    assert not ed.compiling and ed._compile_bar is None and ed.compile_shown_s is None
+    shown = [(text, html) for text, html in views if "sl-progress-indeterminate" in html]
+    assert shown, views
+    assert "role='progressbar'" in shown[0][1]
+    assert any(re.search(r"compiling in the background… [1-9]\d* s", t) for t, _ in shown)
+    assert ed.compiled is not None and ed.compiled.report is not None
+    done_text, done_html = views[-1]
+    assert "sl-progress-indeterminate" not in done_html and "compiled in " in done_text
+    # A quick compile: no bar at all.
+    delay["s"] = 0.0
+    views.clear()
+    ed.edit(0, 1, "model")
+    t0 = time.time()
+    while ed.compiling and time.time() - t0 < 60:
+        time.sleep(0.05)
+    if ed.compiled is not None and ed.compiled.seconds < 0.5:
+        assert not any("sl-progress-indeterminate" in html for _, html in views)
+    ed.close()

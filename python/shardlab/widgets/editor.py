@@ -30,6 +30,7 @@ from ._html import esc
 from ._live import LiveDisplay, guarded, show_controls
 from .editor_model import CompileResult, EditorModel, diff
 from .editor_view import ACTIONS, EditorView
+from .long_work import TickingBar
 
 MIXED = "(mixed)"  # a group dropdown whose layers differ
 LABEL_PX, SHAPE_PX, DIM_PX, TOGGLE_PX, ROW_PX = 8.0, 120, 112, 118, 28
@@ -139,6 +140,10 @@ class StrategyEditor:
         self.code: str | None = None
         self.compiled: CompileResult | None = None
         self.compiling = False
+        # The background compile's progress (long_work's bar, drawn by the view): seconds it
+        # has run, once past the bar's delay (about a second); None before and after.
+        self.compile_shown_s: float | None = None
+        self._compile_bar: TickingBar | None = None
         self._stop = threading.Event()
         self._syncing = False
         self.options = _choices(self.model.axes)
@@ -418,12 +423,32 @@ class StrategyEditor:
         self._compile_pending = False
         if self.compile_in_background:
             self.compiling = True
+            self._start_compile_bar()
             self.model.compile(self._on_compiled)
         self._refresh()
+
+    def _start_compile_bar(self) -> None:
+        """One bar while compiles follow each other: a newer edit keeps the running one."""
+        if self._compile_bar is None:
+            self._compile_bar = TickingBar("compile", show=self._on_compile_progress).__enter__()
+
+    def _on_compile_progress(self, fraction: float, message: str, elapsed: float) -> None:
+        # The bar moves by itself (CSS): redrawn when it appears, then once a second.
+        shown = self.compile_shown_s
+        if shown is None or int(elapsed) > int(shown):
+            self.compile_shown_s = elapsed
+            self._refresh()
+
+    def _stop_compile_bar(self) -> None:
+        bar, self._compile_bar = self._compile_bar, None
+        if bar is not None:
+            bar.__exit__(None, None, None)  # no tick comes after this returns
+        self.compile_shown_s = None
 
     def _on_compiled(self, result: CompileResult) -> None:
         if result.superseded:
             return  # a newer edit is compiling; its result will come
+        self._stop_compile_bar()
         self.compiled, self.compiling = result, False
         self._refresh()
 
@@ -512,6 +537,7 @@ class StrategyEditor:
             changes=changes,
             compiled=self.compiled,
             compiling=self.compiling,
+            compile_elapsed=self.compile_shown_s if self.compiling else None,
             error=self.error,
             code=self.code,
             status=self.status,

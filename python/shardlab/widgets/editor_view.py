@@ -23,6 +23,16 @@ ACTIONS = (
 )
 MAX_STRATEGY_ROWS = 24  # sharded leaves (groups) listed one by one
 OPEN_STRATEGY_ROWS = 6  # a list this short is shown open, beside the figures
+# The background compile's bar, once it has run past the progress delay: indeterminate (an
+# XLA compile reports no fraction), moving by CSS alone; the figures replace it when done.
+INDETERMINATE = (
+    "<style>@keyframes sl-indeterminate{from{left:-40%}to{left:100%}}</style>"
+    "<span class='sl-progress-indeterminate' role='progressbar' aria-label='compiling' "
+    "style='display:inline-block;position:relative;overflow:hidden;width:120px;height:8px;"
+    "margin-right:8px;border-radius:4px;background:#e0e0e0;vertical-align:middle'>"
+    "<span style='position:absolute;top:0;left:-40%;width:40%;height:100%;border-radius:4px;"
+    "background:#0072B2;animation:sl-indeterminate 1.2s ease-in-out infinite'></span></span>"
+)
 
 
 def spec_text(spec: PartitionSpec) -> str:
@@ -55,6 +65,7 @@ class EditorView(View):
         labels: tuple[str, ...] = (),
         groups: tuple[str, ...] = (),
         source: str = "",
+        compile_elapsed: float | None = None,
     ) -> None:
         self.evaluation = evaluation
         self.labels = labels
@@ -62,6 +73,7 @@ class EditorView(View):
         self.changes = changes
         self.compiled = compiled
         self.compiling = compiling
+        self.compile_elapsed = compile_elapsed
         self.error = error
         self.code = code
         self.status = status
@@ -70,6 +82,8 @@ class EditorView(View):
     # -- pieces ----------------------------------------------------------------------------
     def _compile_line(self) -> str:
         if self.compiling:
+            if self.compile_elapsed is not None:  # past the progress bar's delay
+                return f"compiling in the background… {self.compile_elapsed:.0f} s"
             return "compiling in the background…"
         if self.compiled is None:
             return "not compiled"
@@ -251,7 +265,13 @@ class EditorView(View):
                 + self._strategy_html()
                 + "</div></div>"
             )
-        parts.append(f"<div class='sl-compile'>{esc(self._compile_line())}</div>")
+        if self.compiling and self.compile_elapsed is not None:
+            parts.append(
+                f"<div class='sl-compile sl-compiling'>{INDETERMINATE}"
+                f"{esc(self._compile_line())}</div>"
+            )
+        else:
+            parts.append(f"<div class='sl-compile'>{esc(self._compile_line())}</div>")
         if self.compiled is not None and self.compiled.messages.strip():
             lines = self.compiled.messages.strip().splitlines()
             parts.append(

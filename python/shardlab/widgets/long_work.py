@@ -19,10 +19,11 @@ TICK_S = 0.25
 
 
 class TickingBar:
-    """A ``ProgressBar`` whose state is re-offered every ``TICK_S`` from a daemon thread."""
+    """A ``ProgressBar`` whose state is re-offered every ``TICK_S`` from a daemon thread
+    (``show``: a view's own drawing of it, see ``ProgressBar``)."""
 
-    def __init__(self, what: str) -> None:
-        self.bar = ProgressBar(what)
+    def __init__(self, what: str, *, show: Any = None) -> None:
+        self.bar = ProgressBar(what, show=show)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._last: tuple[float, str] = (0.0, what)

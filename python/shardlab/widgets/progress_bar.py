@@ -2,7 +2,8 @@
 
 Both appear only after ``DELAY_S`` (work that ends sooner shows nothing) and say what is
 being done. ``bar(fraction, message)`` is the ``progress=`` callback shardlab's long calls
-take.
+take. A view that draws progress itself (the editor's background compile) passes ``show``:
+it is called with ``(fraction, message, elapsed_s)`` instead, past the same delay.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from ._html import esc
@@ -27,8 +29,16 @@ def _in_notebook() -> bool:
 class ProgressBar:
     """``with ProgressBar("explore") as bar: bar(0.5, "searching: ilp")``."""
 
-    def __init__(self, what: str, *, delay: float = DELAY_S, stream: Any = None) -> None:
+    def __init__(
+        self,
+        what: str,
+        *,
+        delay: float = DELAY_S,
+        stream: Any = None,
+        show: Callable[[float, str, float], None] | None = None,
+    ) -> None:
         self.what = what
+        self.show = show
         self.delay = delay
         self.stream = stream if stream is not None else sys.stderr
         self.started = time.perf_counter()
@@ -46,9 +56,12 @@ class ProgressBar:
     def __call__(self, fraction: float, message: str) -> None:
         self.fraction = max(0.0, min(1.0, float(fraction)))
         self.message = message
-        if time.perf_counter() - self.started < self.delay:
+        elapsed = time.perf_counter() - self.started
+        if elapsed < self.delay:
             return
-        if _in_notebook():
+        if self.show is not None:
+            self.show(self.fraction, message, elapsed)
+        elif _in_notebook():
             self._widget_update()
         else:
             self._text_update()
