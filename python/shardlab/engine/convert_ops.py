@@ -269,7 +269,7 @@ class CondOps:
         if not _is_traced(test):
             self.python["if"] += 1
             return body(*state) if test else orelse(*state)
-        return self._cond(k, test, lambda *s: body(*s), lambda *s: orelse(*s), state, names, live)
+        return self._cond(k, test, body, orelse, state, names, live)
 
     def _predicate(self, k: int, test: Any) -> Any:
         shape = np.shape(test)

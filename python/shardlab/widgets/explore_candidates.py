@@ -121,29 +121,42 @@ def collect(
         """The progress of one search as a part of the whole (and no bar of its own)."""
         return lambda fraction, inner: report((done + fraction) / steps, f"{message}: {inner}")
 
+    def priced(
+        label: str, kind: str, message: str, inner: str, failed: Callable[[str], str], **kw: Any
+    ) -> None:
+        """One search of the sweep, its plan added (or why it found none noted)."""
+        step(message)
+        try:
+            result = search(
+                fn,
+                *args,
+                mesh=mesh,
+                device=device,
+                progress=within(inner),
+                confirm=False,
+                verify_budget=False,
+                time_limit=ILP_TIME_LIMIT_S,
+                **kw,
+            )
+        except SearchError as error:
+            notes.append(failed(str(error)))
+        else:
+            found.append(Candidate.of(label, kind, result))
+            if not result.complete:
+                raise KeyboardInterrupt
+
     if plan is not None:
         found.append(Candidate.of(f"this plan ({plan.method})", "plan", plan))
     try:
         for method in methods:
-            step(f"search: {method}")
-            try:
-                result = search(
-                    fn,
-                    *args,
-                    mesh=mesh,
-                    method=method,
-                    device=device,
-                    progress=within(f"search: {method}"),
-                    confirm=False,
-                    verify_budget=False,
-                    time_limit=ILP_TIME_LIMIT_S,
-                )
-            except SearchError as error:
-                notes.append(f"search {method}: {error}")
-            else:
-                found.append(Candidate.of(f"search: {method}", "method", result))
-                if not result.complete:
-                    raise KeyboardInterrupt
+            priced(
+                f"search: {method}",
+                "method",
+                f"search: {method}",
+                f"search: {method}",
+                lambda error, method=method: f"search {method}: {error}",
+                method=method,
+            )
             done += 1
         step("baselines")
         for name, result in baselines(fn, *args, mesh=mesh, device=device).items():
@@ -153,25 +166,15 @@ def collect(
         from ._html import fmt_bytes
 
         for budget in budgets_between(min(memories), max(memories), budgets):
-            step(f"search within {fmt_bytes(budget)} per device")
-            try:
-                result = search(
-                    fn,
-                    *args,
-                    mesh=mesh,
-                    memory_budget=budget,
-                    device=device,
-                    progress=within(f"search within {fmt_bytes(budget)}"),
-                    confirm=False,
-                    verify_budget=False,
-                    time_limit=ILP_TIME_LIMIT_S,
-                )
-            except SearchError as error:
-                notes.append(f"budget {fmt_bytes(budget)}: no plan ({str(error)[:120]})")
-            else:
-                found.append(Candidate.of(f"budget {fmt_bytes(budget)}", "budget", result))
-                if not result.complete:
-                    raise KeyboardInterrupt
+            text = fmt_bytes(budget)
+            priced(
+                f"budget {text}",
+                "budget",
+                f"search within {text} per device",
+                f"search within {text}",
+                lambda error, text=text: f"budget {text}: no plan ({error[:120]})",
+                memory_budget=budget,
+            )
             done += 1
     except KeyboardInterrupt:
         notes.append(
