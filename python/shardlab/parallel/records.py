@@ -295,3 +295,47 @@ class PlanRow(_Record):
     chosen: str
     cost: float
     alternatives: tuple[tuple[str, float], ...] = ()
+
+
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+REMAT_POLICIES = ("none", "dots", "nothing")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSpec(_Record):
+    """Pipeline stages of a plan: the layers of its layer scans cut into ``stages``
+    contiguous groups over the mesh axis ``axis``, the batch into ``microbatches``.
+
+    Attributes:
+        stages: pipeline stages (the size of ``axis``; divides the scanned layers).
+        microbatches: microbatches per step (divides the batch).
+        axis: the mesh axis the stages run on.
+        schedule: ``gpipe`` (every forward, then every backward) or ``1f1b`` (one forward,
+            one backward: at most ``stages`` microbatches in flight); the cost model prices
+            both, the compiled program runs the forward and the backward scans one after
+            the other (``plan/pipeline.py``).
+        scans: the scan groups (``OpGraph.scan_groups`` indices) that are pipelined; empty:
+            every scan over the layers.
+    """
+
+    stages: int
+    microbatches: int
+    axis: str = "stage"
+    schedule: str = "gpipe"
+    scans: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class RematSpec(_Record):
+    """Rematerialisation of a plan's layer scans: what the forward scan keeps for the
+    backward one, the rest recomputed in the backward scan (``plan/remat.py``).
+
+    Attributes:
+        policy: ``none`` (keep every residual), ``dots`` (keep the matmul outputs, as
+            ``jax.checkpoint_policies.dots_saveable``), ``nothing`` (keep only each layer's
+            input: ``nothing_saveable``).
+        scans: the forward scan groups this applies to; empty: every layer scan.
+    """
+
+    policy: str
+    scans: tuple[int, ...] = ()

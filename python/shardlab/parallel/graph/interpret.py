@@ -9,7 +9,10 @@ the partitioner; numerically it is the original function.
 A scan unrolled into the graph (``OpGraph.scan_groups``) is evaluated as one ``lax.scan``
 again (same length, direction and unroll factor) whose body interprets the body's equations
 with the constraints of one iteration (the middle one: the search ties iterations to equal
-choices, ``search/scan_ties.py``), so the compiled program keeps its loop.
+choices, ``search/scan_ties.py``), so the compiled program keeps its loop. A plan may run a
+scan group another way — pipelined over a ``stage`` axis (``plan/pipeline.py``), or with its
+residuals recomputed (``plan/remat.py``): ``runners`` maps the group's index to a function
+with ``lax.scan``'s signature (``ScanRunner``) that is called in its place.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from shardlab.parallel.graph.opgraph import OpGraph, ScanGroup
+
+# ``runner(step, init, xs, *, length, reverse, unroll) -> (carry, ys)``: what runs a scan
+# group instead of ``jax.lax.scan`` (``step(carry, x) -> (carry, y)`` with lists of arrays).
+ScanRunner = Callable[..., tuple[Any, Any]]
 
 try:  # keeps metadata={source_file, source_line} on the re-bound equations; private
     from jax._src import source_info_util as _siu
@@ -52,6 +59,7 @@ def interpreter(
     constraints: Mapping[int, Sequence[PartitionSpec | None]],
     in_tree: Any,
     operand_constraints: Mapping[int, Mapping[int, PartitionSpec]] | None = None,
+    runners: Mapping[int, ScanRunner] | None = None,
 ) -> Callable[..., Any]:
     """A function of the original arguments that evaluates ``graph`` with constraints.
 
@@ -62,6 +70,8 @@ def interpreter(
         in_tree: the treedef of the argument tuple (``jax.tree_util.tree_structure(args)``).
         operand_constraints: ``{node index: {operand position: spec}}``: reshard an operand
             just before the node reads it (only for that use).
+        runners: ``{scan group index: ScanRunner}``: groups run otherwise than by
+            ``jax.lax.scan`` (pipelined, rematerialised).
 
     Returns:
         ``f(*args) -> flat tuple of outputs``.
@@ -83,7 +93,7 @@ def interpreter(
                 "shardlab.search again for these arguments"
             )
         env: dict[int, Any] = dict(zip(graph.inputs, leaves, strict=True))
-        _evaluate(graph, env, shardings, operand_shardings)
+        _evaluate(graph, env, shardings, operand_shardings, runners or {})
         return tuple(_read(graph, env, v) for v in graph.outputs)
 
     return run
@@ -102,7 +112,11 @@ def _constrain(x: Any, sharding: NamedSharding | None) -> Any:
 
 
 def _evaluate(
-    graph: OpGraph, env: dict[int, Any], outs: Shardings, operands: OperandShardings
+    graph: OpGraph,
+    env: dict[int, Any],
+    outs: Shardings,
+    operands: OperandShardings,
+    runners: Mapping[int, ScanRunner] | None = None,
 ) -> None:
     """Evaluate ``graph``'s nodes into ``env`` (inputs already there), constraining the
     outputs (``{node: sharding per output}``) and operands (``{node: {position: sharding}}``)
@@ -112,7 +126,8 @@ def _evaluate(
         node = graph.nodes[i]
         if node.origin is not None:  # the first node of an unrolled scan
             group = graph.scan_groups[node.origin[0]]
-            _scan(graph, group, env, outs, operands)
+            runner = (runners or {}).get(node.origin[0], jax.lax.scan)
+            _scan(graph, group, env, outs, operands, runner)
             i = group.end
             continue
         invals = [_read(graph, env, v) for v in node.inputs]
@@ -135,9 +150,10 @@ def _scan(
     env: dict[int, Any],
     outs: Shardings,
     operands: OperandShardings,
+    runner: ScanRunner = jax.lax.scan,
 ) -> None:
-    """Run an unrolled scan as one ``lax.scan`` whose body applies the constraints of the
-    middle iteration's nodes (by body position)."""
+    """Run an unrolled scan as one ``lax.scan`` (or ``runner``) whose body applies the
+    constraints of the middle iteration's nodes (by body position)."""
     body, base = group.body, group.iteration_starts[group.length // 2]
     body_outs = {k: outs[base + k] for k in range(len(body.nodes)) if base + k in outs}
     body_ins = {k: operands[base + k] for k in range(len(body.nodes)) if base + k in operands}
@@ -162,7 +178,7 @@ def _scan(
 
     p = group.eqn.params
     with group.eqn.ctx.manager, _context(group.eqn):
-        carry, ys = jax.lax.scan(
+        carry, ys = runner(
             step, init, xs, length=group.length, reverse=group.reverse, unroll=p.get("unroll", 1)
         )
         last = group.stacks[-1]

@@ -15,7 +15,7 @@ import jax
 from jax.sharding import Mesh, PartitionSpec
 
 from shardlab.parallel.errors import SearchError
-from shardlab.parallel.graph.interpret import interpreter
+from shardlab.parallel.graph.interpret import ScanRunner, interpreter
 from shardlab.parallel.graph.opgraph import OpGraph
 from shardlab.parallel.graph.trace import Traced
 from shardlab.parallel.mesh import mesh_shape_of
@@ -55,6 +55,7 @@ class Binding:
         operands: Mapping[int, Mapping[int, PartitionSpec]] | None = None,
         *,
         dynamic: bool = False,
+        runners: Mapping[int, ScanRunner] | None = None,
     ) -> Callable[..., Any]:
         """The traced function re-evaluated equation by equation with ``outputs``
         (``{node: spec per output}``) and ``operands`` (``{node: {position: spec}}``)
@@ -63,9 +64,12 @@ class Binding:
         It takes the original pytrees (static leaves equal to the traced ones, or ``None``:
         ``parallel/arguments.py``) and returns the original output pytree, static leaves put
         back. ``dynamic``: it takes and returns the dynamic trees (static leaves ``None``),
-        what ``jax.jit`` can take.
+        what ``jax.jit`` can take. ``runners``: scan groups run otherwise than by
+        ``lax.scan`` (``graph/interpret.py``).
         """
-        run = interpreter(self.graph, self.mesh, dict(outputs), self.in_tree, operands or {})
+        run = interpreter(
+            self.graph, self.mesh, dict(outputs), self.in_tree, operands or {}, runners or {}
+        )
         out_tree = self.out_tree
 
         def planned_dynamic(*args: Any) -> Any:

@@ -34,6 +34,7 @@ from shardlab.parallel.display import (
     progress_bar,
 )
 from shardlab.parallel.errors import SearchError
+from shardlab.parallel.graph.interpret import ScanRunner
 from shardlab.parallel.graph.trace import Traced, trace
 from shardlab.parallel.labels import path_label, source_label
 from shardlab.parallel.mesh import mesh_shape_of
@@ -47,7 +48,14 @@ from shardlab.parallel.plan.io import (
     short,
     spec_code,
 )
-from shardlab.parallel.records import CostBreakdown, PlanRow, Report, _Record
+from shardlab.parallel.records import (
+    CostBreakdown,
+    PipelineSpec,
+    PlanRow,
+    RematSpec,
+    Report,
+    _Record,
+)
 from shardlab.parallel.specs import make_spec
 
 
@@ -75,6 +83,8 @@ class Plan(_Record):
         rows: the table of decisions.
         notes: what the search did (which method ``auto`` used, budgets, warnings).
         memory_budget: the per-device budget the plan was made for (bytes), if any.
+        pipeline: pipeline stages (``PipelineSpec``), or ``None``.
+        remat: rematerialisation of the layer scans (``RematSpec``), or ``None``.
     """
 
     method: str
@@ -94,6 +104,8 @@ class Plan(_Record):
     rows: tuple[PlanRow, ...] = ()
     notes: tuple[str, ...] = ()
     memory_budget: int | None = None
+    pipeline: PipelineSpec | None = None
+    remat: RematSpec | None = None
     binding: Binding | None = dataclasses.field(default=None, repr=False, compare=False)
     # ``search(..., confirm="background")``: the confirmed plan, being compiled
     # (a ``concurrent.futures.Future``); ``confirmed()`` waits for it.
@@ -177,7 +189,24 @@ class Plan(_Record):
         ins: dict[int, dict[int, PartitionSpec]] = {}
         for node, pos, lay in self.operand_constraints:
             ins.setdefault(node, {})[pos] = make_spec(lay)
-        return self._bound().constrained(self.intermediate_specs(), ins, dynamic=dynamic)
+        b = self._bound()
+        return b.constrained(
+            self.intermediate_specs(), ins, dynamic=dynamic, runners=self._scan_runners(b)
+        )
+
+    def _scan_runners(self, b: Binding) -> dict[int, ScanRunner]:
+        """How the plan runs its layer scans: pipelined over stages, with residuals
+        recomputed, both (remat wraps the pipelined scan), or ``lax.scan`` (empty)."""
+        runners: dict[int, ScanRunner] = {}
+        if self.pipeline is not None:
+            from shardlab.parallel.plan.pipeline import pipeline_runners
+
+            runners = pipeline_runners(b.graph, b.mesh, self.pipeline)
+        if self.remat is not None and self.remat.policy != "none":
+            from shardlab.parallel.plan.remat import remat_runners
+
+            runners = remat_runners(b.graph, self.remat, base=runners)
+        return runners
 
     def show(self) -> Any:
         """The plan's communication graph: predicted (this plan's cost) beside compiled.
