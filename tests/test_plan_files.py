@@ -31,6 +31,7 @@ from shardlab.parallel.errors import SearchError
 from shardlab.parallel.mesh import mesh as make_mesh
 from shardlab.parallel.plan import io as plan_io
 from shardlab.parallel.plan.plan import Plan
+from shardlab.parallel.records import PipelineSpec, RematSpec
 from shardlab.parallel.search.baselines import baselines
 from shardlab.parallel.specs import make_spec
 
@@ -319,6 +320,42 @@ def test_axis_names_must_be_identifiers(base, name):
 )
 def test_fields_are_checked(base, path, value, where):
     assert where in _load_error(_with(base, path, value))
+
+
+def test_pipeline_and_remat_round_trip(plans):
+    plan = dataclasses.replace(
+        plans["ilp"],
+        pipeline=PipelineSpec(stages=2, microbatches=4, axis="data", schedule="1f1b", scans=(0,)),
+        remat=RematSpec(policy="dots"),
+    )
+    loaded = Plan.from_json(plan.to_json())
+    assert loaded.pipeline == plan.pipeline and loaded.remat == plan.remat
+    assert loaded == dataclasses.replace(plan, binding=None)
+
+
+@pytest.mark.parametrize(
+    ("value", "where", "valid"),
+    [
+        ({"stages": 2, "microbatches": 4, "axis": "stage"}, "pipeline.axis", "data"),
+        ({"stages": 0, "microbatches": 4, "axis": "data"}, "pipeline.stages", "positive"),
+        ({"stages": 2, "microbatches": True, "axis": "data"}, "pipeline.microbatches", "int"),
+        ({"stages": 2, "microbatches": 2, "axis": "data", "schedule": "zb"}, "schedule", "1f1b"),
+        ({"stages": 2, "microbatches": 2, "axis": "data", "scans": [-1]}, "pipeline.scans[0]", ""),
+        ({"microbatches": 2, "axis": "data"}, "missing field 'stages'", ""),
+        ("gpipe", "pipeline", "JSON object"),
+    ],
+)
+def test_pipeline_fields_are_checked(base, value, where, valid):
+    message = _load_error(_with(base, ("pipeline",), value))
+    assert where in message and valid in message
+
+
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [({"policy": "all"}, "nothing"), ({"policy": 1}, "remat.policy"), ({}, "'policy'")],
+)
+def test_remat_fields_are_checked(base, value, where):
+    assert where in _load_error(_with(base, ("remat",), value))
 
 
 @pytest.mark.parametrize("key", ["method", "mesh_shape", "input_specs", "cost", "constraints"])

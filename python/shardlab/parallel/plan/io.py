@@ -47,10 +47,14 @@ from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.records import (
     COLLECTIVE_KINDS,
+    PIPELINE_SCHEDULES,
+    REMAT_POLICIES,
     Collective,
     CostBreakdown,
     DeviceMemoryEstimate,
+    PipelineSpec,
     PlanRow,
+    RematSpec,
 )
 
 FORMAT = "shardlab.plan/1"
@@ -513,6 +517,51 @@ def _fields(data: dict[str, Any]) -> dict[str, Any]:
         rows=_rows(data.get("rows", [])),
         notes=_strings(data.get("notes", []), "notes"),
         memory_budget=None if budget is None else _budget(budget),
+        pipeline=_pipeline(data.get("pipeline"), sizes),
+        remat=_remat(data.get("remat")),
+    )
+
+
+def _choice(v: Any, valid: tuple[str, ...], where: str) -> str:
+    if not isinstance(v, str) or v not in valid:
+        raise _fail(where, f"got {short(v)}; expected one of {', '.join(valid)}")
+    return v
+
+
+def _groups(v: Any, where: str) -> tuple[int, ...]:
+    return tuple(_int(x, f"{where}[{i}]") for i, x in enumerate(_list(v, where)))
+
+
+def _pipeline(raw: Any, sizes: dict[str, int]) -> PipelineSpec | None:
+    if raw is None:
+        return None
+    obj = _object(raw, "pipeline")
+    axis = _str(_get(obj, "axis", "pipeline"), "pipeline.axis")
+    if axis not in sizes:
+        raise _fail("pipeline.axis", f"{short(axis)} is not a mesh axis ({', '.join(sizes)})")
+    return PipelineSpec(
+        stages=_int(
+            _get(obj, "stages", "pipeline"), "pipeline.stages", low=1, what="a positive int"
+        ),
+        microbatches=_int(
+            _get(obj, "microbatches", "pipeline"),
+            "pipeline.microbatches",
+            low=1,
+            what="a positive int",
+        ),
+        axis=axis,
+        schedule=_choice(obj.get("schedule", "gpipe"), PIPELINE_SCHEDULES, "pipeline.schedule"),
+        scans=_groups(obj.get("scans", []), "pipeline.scans"),
+    )
+
+
+def _remat(raw: Any) -> RematSpec | None:
+    if raw is None:
+        return None
+    obj = _object(raw, "remat")
+    return RematSpec(
+        policy=_choice(_get(obj, "policy", "remat"), REMAT_POLICIES, "remat.policy"),
+        scans=_groups(obj.get("scans", []), "remat.scans"),
     )
 
 
