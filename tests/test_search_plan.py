@@ -160,6 +160,21 @@ def test_baselines_run_equal(shape):
     assert zero_m != P() and plans["zero"].in_shardings[0]["w1"].spec == P()
 
 
+def test_zero_stages(mesh24):
+    args = _args()
+    one = strategies.zero(_step, *args, mesh=mesh24, axes=("data",))
+    three = strategies.zero(_step, *args, mesh=mesh24, axes=("data",), stage=3)
+    assert three.method == "zero3"
+    # stage 1: optimizer state split, parameters whole; stage 3: both split
+    assert one.in_shardings[0]["w1"].spec == P() and one.in_shardings[1]["w1"].spec != P()
+    assert three.in_shardings[0]["w1"].spec != P() and three.in_shardings[1]["w1"].spec != P()
+    _close(three.jit()(*args), _step(*args))
+    per_device = {p.method: p.verify().memory.argument for p in (one, three)}
+    assert per_device["zero3"] < per_device["zero"]
+    with pytest.raises(SearchError, match=r"zero_stage=4.*1, 2 or 3"):
+        strategies.zero(_step, *args, mesh=mesh24, stage=4)
+
+
 def test_control_flow_functions_run_and_warn(mesh24):
     def fn(ws, x):
         def body(carry, w):

@@ -161,10 +161,11 @@ def build(
     device: str | DeviceProfile | None = None,
     name: str = "",
     traced: Traced | None = None,
+    zero_stage: int = 1,
 ) -> Plan:
     """A baseline from its ingredients: batch split over ``data_axes``, Megatron tensor
     parallelism over ``model_axis``, optimizer state (or, without any, parameters) split over
-    ``zero_axes``."""
+    ``zero_axes``; with ``zero_stage=3`` the parameters as well as the optimizer state."""
     start = time.perf_counter()
     t = _On(traced if traced is not None else trace(fn, *args), mesh)
     _check_axes(t, [*data_axes, *zero_axes, *([model_axis] if model_axis else [])], name)
@@ -176,8 +177,10 @@ def build(
         for leaf, lay in megatron_specs(t, model_axis, params).items():
             layouts[leaf] = lay
         _copy_to_state(t, layouts, params, state)
+    if zero_stage not in (1, 2, 3):
+        raise SearchError(f"zero_stage={zero_stage!r}: expected 1, 2 or 3")
     if zero_axes:
-        targets = state or params
+        targets = (state | params) if zero_stage == 3 else (state or params)
         for i, shape in enumerate(shapes):
             if t.arg_of_leaf[i] not in targets:
                 continue
@@ -260,13 +263,28 @@ def megatron(
 
 
 def zero(
-    fn, *args, mesh: Mesh, axes=None, model_axis=None, batch_argnums=None, device=None, traced=None
+    fn,
+    *args,
+    mesh: Mesh,
+    axes=None,
+    model_axis=None,
+    batch_argnums=None,
+    device=None,
+    traced=None,
+    stage: int = 1,
 ) -> Plan:
     """ZeRO: data parallel over ``axes`` with the optimizer state split over them too (when
     the function has no optimizer-state argument, the parameters are split: ZeRO-3/FSDP);
-    with ``model_axis``, Megatron on that axis as well."""
+    with ``model_axis``, Megatron on that axis as well.
+
+    ``stage``: 1 and 2 split the optimizer state (in one SPMD program the gradients are
+    temporaries the partitioner reduces and slices for the split update: a reduce-scatter
+    where the backend forms one, so stage 2 is what stage 1 compiles to on GPU and TPU); 3
+    splits the parameters too (FSDP: gathered where they are used)."""
     axes = tuple(a for a in mesh.axis_names if a != model_axis) if axes is None else axes
     name = "zero" if model_axis is None else "zero+megatron"
+    if stage == 3:
+        name = name.replace("zero", "zero3")
     return build(
         fn,
         *args,
@@ -278,6 +296,7 @@ def zero(
         device=device,
         name=name,
         traced=traced,
+        zero_stage=stage,
     )
 
 
