@@ -61,10 +61,13 @@ class _NotSeparable(Exception):
 
 
 # -- which dimensions are the batch -----------------------------------------------------------
-def _states(g: OpGraph, inputs: dict[int, State], m: int) -> list[State]:
-    """Per variable of ``g``, its batch state; step inputs and consts (literals) may be
-    promoted to split where an op aligns them with the batch (they are sliced per
-    microbatch), which restarts the walk."""
+def _states(g: OpGraph, inputs: dict[int, State], m: int) -> tuple[list[State], dict[int, int]]:
+    """Per variable of ``g``, its batch state, and the batch-independent intermediates
+    computed with the batch dim (``{variable: dim}``: computed whole, sliced per
+    microbatch). A value that does not depend on the batch but has the batch dim, where an
+    op aligns it with the batch, is promoted to split (a const or step input is sliced per
+    microbatch; a ``broadcast_in_dim`` creating the dim is re-bound at the microbatch
+    size; any other producer runs whole and is sliced), which restarts the walk."""
     fixed = dict(inputs)
     for _ in range(len(g.shapes) + 1):
         state: list[State] = [None] * len(g.shapes)
@@ -72,13 +75,17 @@ def _states(g: OpGraph, inputs: dict[int, State], m: int) -> list[State]:
             state[v] = s
         promoted = _walk(g, state, fixed, m)
         if not promoted:
-            return state
+            sliced = {}
+            for v, d in fixed.items():
+                producer = g.producer(v)
+                if producer >= 0 and d is not None and not _broadcast_dim(g.nodes[producer], d):
+                    sliced[v] = d
+            return state, sliced
         fixed.update(promoted)
     raise AssertionError("batch analysis did not settle")  # pragma: no cover
 
 
 def _walk(g: OpGraph, state: list[State], fixed: dict[int, State], m: int) -> dict[int, State]:
-    inputs = set(g.inputs)
     for node in g.nodes:
         ins = [state[v] for v in node.inputs]
         if all(s is None for s in ins):
@@ -88,10 +95,10 @@ def _walk(g: OpGraph, state: list[State], fixed: dict[int, State], m: int) -> di
             continue
         rule = rule_for(node, g)
         factor = None
-        for v, s in zip(node.inputs, ins, strict=True):
+        for k, s in enumerate(ins):
             if s is None:
                 continue
-            dims = rule.operands[node.inputs.index(v)][s]
+            dims = rule.operands[k][s]
             if not dims or rule.factor_sizes[dims[0]] % m:
                 raise _NotSeparable(node, f"the batch dim {s} of an operand is not kept whole")
             if factor is not None and dims[0] != factor:
@@ -103,12 +110,7 @@ def _walk(g: OpGraph, state: list[State], fixed: dict[int, State], m: int) -> di
         for k, (v, s) in enumerate(zip(node.inputs, ins, strict=True)):
             where = [d for d, fs in enumerate(rule.operands[k]) if fs and fs[0] == factor]
             if s is None and where:
-                producer = g.producer(v)
-                broadcast = producer >= 0 and _broadcast_dim(g.nodes[producer], where[0])
-                if v in inputs or g.literal[v] is not None or broadcast:
-                    promoted[v] = where[0]
-                else:
-                    raise _NotSeparable(node, "a value computed inside the layer has the batch dim")
+                promoted[v] = where[0]  # sliced per microbatch (see _Analysis)
         if promoted:
             return promoted
         for r, v in enumerate(node.outputs):
@@ -157,6 +159,7 @@ class _Analysis:
     consts: list[int]  # graph variables holding array consts (closed over by the step)
     n_carry: int
     checkpoint: dict[str, Any] | None  # a top-level jax.checkpoint's params, to keep it
+    sliced: dict[int, int]  # batch-independent values with the batch dim: run whole, sliced
 
 
 def _analyse(step: Any, init: list[Any], x0: list[Any], m: int) -> _Analysis:
@@ -174,7 +177,7 @@ def _analyse(step: Any, init: list[Any], x0: list[Any], m: int) -> _Analysis:
         inputs: dict[int, State] = {first: dim}
         for _ in range(n_carry + 1):
             try:
-                state = _states(g, inputs, m)
+                state, sliced = _states(g, inputs, m)
             except _NotSeparable as e:
                 errors.append(f"dim {dim} of the carry: {e}")
                 break
@@ -193,7 +196,7 @@ def _analyse(step: Any, init: list[Any], x0: list[Any], m: int) -> _Analysis:
                     (dict(e.params) for e in closed.jaxpr.eqns if e.primitive.name == "checkpoint"),
                     None,
                 )
-                return _Analysis(g, state, consts, n_carry, ckpt)
+                return _Analysis(g, state, consts, n_carry, ckpt, sliced)
     raise PipelineError(
         "the layer scan cannot be split into microbatches: "
         + "; ".join(errors or [f"no dim of the carry {g.shapes[first]} divides into {m}"])
@@ -207,7 +210,9 @@ def _small(shape: Sequence[int], s: State, m: int) -> tuple[int, ...]:
     return tuple(n // m if d == s else n for d, n in enumerate(shape))
 
 
-def _evaluate(a: _Analysis, m: int, consts: list[Any], args: list[Any]) -> list[Any]:
+def _evaluate(a: _Analysis, m: int, mb: Any, consts: list[Any], args: list[Any]) -> list[Any]:
+    """The step's equations on microbatch ``mb`` (shape parameters naming the batch
+    rewritten; ``a.sliced`` values computed whole and sliced)."""
     g, state = a.graph, a.state
     env: dict[int, Any] = dict(zip(a.consts, consts, strict=True))
     env.update(zip(g.inputs, args, strict=True))
@@ -221,7 +226,10 @@ def _evaluate(a: _Analysis, m: int, consts: list[Any], args: list[Any]) -> list[
         got = eqn.primitive.get_bind_params(eqn.params)
         subfuns, params = got if isinstance(got, tuple) else ((), got)
         params = dict(params)
-        want = [_small(g.shapes[v], state[v], m) for v in node.outputs]
+        want = [
+            tuple(g.shapes[v]) if v in a.sliced else _small(g.shapes[v], state[v], m)
+            for v in node.outputs
+        ]
         for v, new in zip(node.outputs, want, strict=True):
             old = tuple(g.shapes[v])
             if new != old:  # a shape parameter names the batch: rewrite it
@@ -237,6 +245,10 @@ def _evaluate(a: _Analysis, m: int, consts: list[Any], args: list[Any]) -> list[
                     f"{node.primitive} at {node.source or 'an unknown line'} cannot run on a "
                     f"microbatch (shape {tuple(x.shape)}, expected {new}): use microbatches=1"
                 )
+            if v in a.sliced:
+                d = a.sliced[v]
+                n = x.shape[d] // m
+                x = jax.lax.dynamic_slice_in_dim(x, mb * n, n, axis=d)
             env[v] = x
     return [read(v) for v in g.outputs]
 
@@ -285,8 +297,8 @@ def gpipe_runner(mesh: Mesh, spec: PipelineSpec) -> ScanRunner:
             x = x.reshape((n_stages, k, *x.shape[1:]))
             staged.append(x if s is None or s == SUM else _to_mb(x, s, m, lead=2).swapaxes(1, 2))
 
-        def micro(carry: list[Any], x: list[Any], cs: list[Any]) -> tuple[list[Any], list[Any]]:
-            out = _evaluate(a, m, cs, [*carry, *x])
+        def micro(carry: list[Any], x: list[Any], mb: Any, cs: list[Any]) -> Any:
+            out = _evaluate(a, m, mb, cs, [*carry, *x])
             return out[: a.n_carry], out[a.n_carry :]
 
         if a.checkpoint is not None:  # keep a remat runner's jax.checkpoint around the step
@@ -323,7 +335,7 @@ def gpipe_runner(mesh: Mesh, spec: PipelineSpec) -> ScanRunner:
                     for x, s in zip(xs_local, x_st, strict=True)
                 ]
                 carry, y = jax.lax.scan(
-                    lambda c, x: micro(c, x, cs_mb), carry, x_mb, reverse=reverse
+                    lambda c, x: micro(c, x, mbc, cs_mb), carry, x_mb, reverse=reverse
                 )
                 new_ys = []
                 for buf, yv, s in zip(ys, y, y_st, strict=True):
@@ -413,6 +425,24 @@ def _check_mesh(mesh: Mesh, spec: PipelineSpec) -> None:
         raise PipelineError(f"microbatches={spec.microbatches}: use 1 or more")
 
 
+def _batch_size(group: ScanGroup) -> tuple[int, tuple[int, ...]] | None:
+    """The batch size of a layer scan (the first dim of its largest carry along which its
+    body separates, as the runner finds it) and that carry's shape, or ``None``."""
+    body = group.body
+    carry = body.inputs[group.num_consts : group.num_consts + group.num_carry]
+    arrays = [v for v in carry if body.shapes[v]]
+    if not arrays:
+        return None
+    first = max(arrays, key=lambda v: len(body.shapes[v]))
+    for dim, n in enumerate(body.shapes[first]):
+        try:
+            _states(body, {first: dim}, 1)
+        except _NotSeparable:
+            continue
+        return n, tuple(body.shapes[first])
+    return None
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -452,15 +482,12 @@ def with_pipeline(plan: Any, spec: PipelineSpec) -> Any:
                 f"stages={spec.stages} does not divide the {n} layers of the layer scan: "
                 f"valid stage counts are {valid}"
             )
-    group = g.scan_groups[chosen[0]]
-    carry = [v for v in group.inputs[group.num_consts : group.num_consts + group.num_carry]]
-    dims = sorted({n for v in carry for n in g.shapes[v]}, reverse=True)
-    if dims and not any(n % spec.microbatches == 0 for n in dims):
-        valid = sorted({d for n in dims[:1] for d in _divisors(n)})
+    batch = _batch_size(g.scan_groups[chosen[0]])
+    if batch is not None and batch[0] % spec.microbatches:
+        n, shape = batch
         raise PipelineError(
-            f"microbatches={spec.microbatches} does not divide the batch ({dims[0]} in the "
-            f"layer scan's carry of shape {next(g.shapes[v] for v in carry)}): valid "
-            f"microbatch counts are {valid}"
+            f"microbatches={spec.microbatches} does not divide the batch of {n} (the layer "
+            f"scan's carry {shape}): valid microbatch counts are {_divisors(n)}"
         )
     leaves = {v: k for k, v in enumerate(g.inputs)}
     stacked = {

@@ -1,0 +1,204 @@
+"""Pipelined layer scans (``plan/pipeline.py``): the pipelined train step equals the plain one
+(loss, new parameters and momentum, so the gradients), ``jax.grad`` through a pipelined loss
+equals plain ``jax.grad``, the compiled program shifts activations with collective-permutes
+over the stage axis, and bad input gets a clear error."""
+
+from __future__ import annotations
+
+import jax
+import jax.core as jax_core
+import numpy as np
+import pytest
+
+from shardlab.bench.corpus.models import nnx_scan
+from shardlab.examples.transformer import gpt, gpt_scan
+from shardlab.parallel.graph.opgraph import build_from_jaxpr
+from shardlab.parallel.mesh import mesh as make_mesh
+from shardlab.parallel.plan.pipeline import PipelineError, _analyse, with_pipeline
+from shardlab.parallel.records import PipelineSpec
+from shardlab.parallel.search.baselines import data_parallel
+
+
+def _gpt_scan(layers: int, *, train: bool = True):
+    return gpt_scan(layers, batch=8, seq=8, d=16, heads=2, vocab=64, train=train)
+
+
+def _leaves(tree):
+    out = []
+    for x in jax.tree.leaves(tree):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x = jax.random.key_data(x)
+        out.append(np.asarray(x))
+    return out
+
+
+def _equal(got, want, rtol=1e-5, atol=1e-6):
+    got, want = _leaves(got), _leaves(want)
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+
+
+@pytest.fixture(scope="module")
+def train():
+    case = _gpt_scan(8)
+    return case, jax.jit(case.fn)(*case.args)
+
+
+def _pipelined(case, mesh, **spec):
+    plan = data_parallel(case.fn, *case.args, mesh=mesh, axes=("data",))
+    return with_pipeline(plan, PipelineSpec(**spec))
+
+
+@pytest.mark.parametrize(
+    ("axes", "microbatches"),
+    [
+        ({"stage": 4, "data": 2}, 2),
+        ({"stage": 4, "data": 2}, 4),
+        ({"stage": 4, "data": 2}, 8),
+        ({"stage": 2, "data": 4}, 2),
+        ({"stage": 2, "data": 4}, 4),
+        ({"stage": 2, "data": 4}, 8),
+    ],
+)
+def test_train_step_equals_plain(train, axes, microbatches):
+    case, want = train
+    plan = _pipelined(case, make_mesh(axes), stages=axes["stage"], microbatches=microbatches)
+    assert plan.pipeline is not None and plan.pipeline.microbatches == microbatches
+    # the stacked layer parameters (and their momentum) live split over the stages
+    blocks = [s for p, s in zip(plan.input_paths, plan.input_specs, strict=True) if "blocks" in p]
+    assert blocks and all(s[0] == ("stage",) for s in blocks)
+    step = plan.jit()
+    _equal(step(*case.args), want)
+    if microbatches == 4:  # the comparison can fail: a perturbed momentum is caught
+        params, momentum, batch = case.args
+        with pytest.raises(AssertionError):
+            _equal(step(params, jax.tree.map(lambda m: m + 1e-3, momentum), batch), want)
+
+
+def test_compiled_program_permutes_over_the_stage_axis(train):
+    case, _ = train
+    plan = _pipelined(case, make_mesh(stage=4, data=2), stages=4, microbatches=4)
+    report = plan.verify()
+    permutes = [c for c in report.collectives if c.kind == "collective-permute"]
+    # forward and backward shifts, each in a loop of microbatches + stages - 1 iterations
+    assert len(permutes) >= 2
+    assert all(c.mesh_axes == ("stage",) for c in permutes)
+    assert any(c.count == 4 + 4 - 1 for c in permutes), [c.count for c in permutes]
+    assert "while" in report.hlo  # the loop is kept, not unrolled by us
+
+
+@pytest.mark.parametrize("axes", [{"stage": 4, "data": 2}, {"stage": 2, "data": 4}])
+def test_grad_through_pipelined_forward(axes):
+    case = _gpt_scan(8, train=False)
+    params, batch = case.args
+    want_loss, want_grad = jax.jit(jax.value_and_grad(case.fn))(params, batch)
+    plan = _pipelined(case, make_mesh(axes), stages=axes["stage"], microbatches=4)
+    loss = plan.function()
+
+    got_loss, got_grad = jax.jit(jax.value_and_grad(loss))(params, batch)
+    _equal(got_loss, want_loss)
+    _equal(got_grad, want_grad)
+
+
+def test_nnx_scan_with_dropout_and_adamw():
+    """Another scanned model (flax nnx, stacked state from ``nnx.split``, dropout keys per
+    layer, typed PRNG keys, adamw): the per-layer dropout masks are drawn for the whole batch
+    and sliced per microbatch, so the pipelined step equals the plain one."""
+    case = nnx_scan(layers=4)
+    plan = _pipelined(case, make_mesh(stage=2, data=4), stages=2, microbatches=4)
+    _equal(plan.jit()(*case.args), jax.jit(case.fn)(*case.args))
+
+
+def test_batch_dims_come_from_the_step():
+    """The analysis reads the step it is given: the attention mixes the sequence dim, so the
+    batch (dim 0 of the carry) is found even when the sequence has the same size."""
+    case = _gpt_scan(2)
+    closed = jax.make_jaxpr(case.fn)(*case.args)
+    scan = next(e for e in closed.jaxpr.eqns if e.primitive.name == "scan")
+    body = scan.params["jaxpr"]
+    n_consts, n_carry = scan.params["num_consts"], scan.params["num_carry"]
+    consts = [np.zeros(v.aval.shape, v.aval.dtype) for v in scan.invars[:n_consts]]
+
+    def step(carry, x):
+        out = jax_core.eval_jaxpr(body.jaxpr, body.consts, *consts, *carry, *x)
+        return out[:n_carry], out[n_carry:]
+
+    init = [np.zeros(v.aval.shape, v.aval.dtype) for v in scan.invars[n_consts:][:n_carry]]
+    xs = [np.zeros(v.aval.shape[1:], v.aval.dtype) for v in scan.invars[n_consts + n_carry :]]
+    shape = tuple(init[0].shape)
+    assert shape[0] == shape[1]  # batch and sequence of equal size
+    got = _analyse(step, init, xs, 2)
+    assert got.state[got.graph.inputs[0]] == 0
+    # residuals (forward ys) are split on their batch dim or do not depend on the batch
+    ys = [got.state[v] for v in got.graph.outputs[n_carry:]]
+    assert 0 in ys and set(ys) <= {0, None}
+
+
+def test_whole_batch_op_is_refused():
+    def step(carry, x):
+        (h,), (w,) = carry, x
+        h = h @ w
+        return [h - h.max(axis=0, keepdims=True)], []
+
+    with pytest.raises(PipelineError, match=r"reduce_max at .*test_pipeline.py:\d+"):
+        _analyse(step, [np.ones((8, 4), np.float32)], [np.ones((4, 4), np.float32)], 2)
+
+
+def test_gradients_are_summed_over_microbatches():
+    def step(carry, x):
+        (h,), (w,) = carry, x
+        return [h], [h.T @ h * w, h.sum(0)]
+
+    got = _analyse(step, [np.ones((8, 4), np.float32)], [np.ones((4, 4), np.float32)], 4)
+    g = got.graph
+    assert [got.state[v] for v in g.outputs] == [0, -1, -1]
+    assert build_from_jaxpr  # the graph is the step's own
+
+
+# -- bad input ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def dp_plan():
+    case = _gpt_scan(8)
+    return data_parallel(case.fn, *case.args, mesh=make_mesh(stage=4, data=2), axes=("data",))
+
+
+def test_missing_stage_axis():
+    case = _gpt_scan(8)
+    plan = data_parallel(case.fn, *case.args, mesh=make_mesh(data=8))
+    with pytest.raises(PipelineError, match=r"'stage' is not a mesh axis .*\['data'\]"):
+        with_pipeline(plan, PipelineSpec(stages=4, microbatches=2))
+
+
+def test_stages_not_the_axis_size(dp_plan):
+    with pytest.raises(PipelineError, match=r"stages=2 but mesh axis 'stage' has 4.*stages=4"):
+        with_pipeline(dp_plan, PipelineSpec(stages=2, microbatches=2))
+
+
+def test_stages_not_dividing_the_layers():
+    case = _gpt_scan(6)
+    plan = data_parallel(case.fn, *case.args, mesh=make_mesh(stage=4, data=2), axes=("data",))
+    with pytest.raises(PipelineError, match=r"stages=4 does not divide the 6 layers.*\[2, 3, 6\]"):
+        with_pipeline(plan, PipelineSpec(stages=4, microbatches=2))
+
+
+def test_microbatches_not_dividing_the_batch(dp_plan):
+    with pytest.raises(
+        PipelineError, match=r"microbatches=3 does not divide the batch of 8 .*\[1, 2, 4, 8\]"
+    ):
+        with_pipeline(dp_plan, PipelineSpec(stages=4, microbatches=3))
+
+
+def test_no_layer_scan():
+    case = gpt(2, batch=8, seq=8, d=16, heads=2, vocab=64)
+    plan = data_parallel(case.fn, *case.args, mesh=make_mesh(stage=4, data=2), axes=("data",))
+    with pytest.raises(PipelineError, match=r"lax.scan over parameters.*unrolled Python loops"):
+        with_pipeline(plan, PipelineSpec(stages=4, microbatches=2))
+
+
+def test_bad_schedule_and_1f1b_note(dp_plan):
+    with pytest.raises(PipelineError, match=r"schedule 'zb' is not one of \['gpipe', '1f1b'\]"):
+        with_pipeline(dp_plan, PipelineSpec(stages=4, microbatches=2, schedule="zb"))
+    plan = with_pipeline(dp_plan, PipelineSpec(stages=4, microbatches=2, schedule="1f1b"))
+    assert any("1f1b runs as GPipe" in n for n in plan.notes)
