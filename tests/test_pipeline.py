@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import jax
 import jax.core as jax_core
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -14,7 +15,7 @@ from shardlab.bench.corpus.models import nnx_scan
 from shardlab.examples.transformer import gpt, gpt_scan
 from shardlab.parallel.graph.opgraph import build_from_jaxpr
 from shardlab.parallel.mesh import mesh as make_mesh
-from shardlab.parallel.plan.pipeline import PipelineError, _analyse, with_pipeline
+from shardlab.parallel.plan.pipeline import PipelineError, _analyse, gpipe_runner, with_pipeline
 from shardlab.parallel.records import PipelineSpec
 from shardlab.parallel.search.baselines import data_parallel
 
@@ -134,6 +135,34 @@ def test_batch_dims_come_from_the_step():
     # residuals (forward ys) are split on their batch dim or do not depend on the batch
     ys = [got.state[v] for v in got.graph.outputs[n_carry:]]
     assert 0 in ys and set(ys) <= {0, None}
+
+
+def test_runner_keeps_a_wrapped_checkpoint():
+    """A remat runner calls the pipeline runner with ``jax.checkpoint(step, policy=...)``: the
+    checkpoint is kept around each microbatch step, and value and gradient equal
+    ``lax.scan``'s (a per-layer sum over the batch in ``ys`` is summed over microbatches)."""
+    runner = gpipe_runner(make_mesh(stage=4, data=2), PipelineSpec(stages=4, microbatches=4))
+    k = jax.random.split(jax.random.key(0), 2)
+    w, x = jax.random.normal(k[0], (8, 16, 16)) * 0.3, jax.random.normal(k[1], (8, 16))
+
+    def body(carry, x):
+        (h,), (wl,) = carry, x
+        return [jnp.tanh(h @ wl)], [h.sum()]
+
+    step = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+
+    def loss(w, x, run):
+        (h,), (sums,) = run(step, [x], [w], length=8, reverse=False, unroll=1)
+        return jnp.sum(h**2) + sums.sum()
+
+    def plain(step, init, xs, **kw):
+        return jax.lax.scan(step, init, xs, **kw)
+
+    got = jax.jit(jax.value_and_grad(lambda w, x: loss(w, x, runner)))(w, x)
+    want = jax.jit(jax.value_and_grad(lambda w, x: loss(w, x, plain)))(w, x)
+    _equal(got, want, rtol=1e-5, atol=1e-5)
+    grad_jaxpr = str(jax.make_jaxpr(jax.grad(lambda w, x: loss(w, x, runner)))(w, x))
+    assert "remat" in grad_jaxpr or "checkpoint" in grad_jaxpr
 
 
 def test_whole_batch_op_is_refused():

@@ -49,6 +49,7 @@ _LINEAR_ALL = frozenset(
 )
 _LINEAR_ONE = frozenset("mul dot_general".split())  # linear in one operand
 _SCHEDULES = ("gpipe", "1f1b")
+_REMAT = frozenset({"checkpoint", "remat", "remat2"})  # jax.checkpoint's primitive
 
 
 class PipelineError(SearchError):
@@ -193,7 +194,7 @@ def _analyse(step: Any, init: list[Any], x0: list[Any], m: int) -> _Analysis:
                     break
                 consts = [v for v, x in enumerate(g.literal) if x is not None and np.ndim(x) > 0]
                 ckpt = next(
-                    (dict(e.params) for e in closed.jaxpr.eqns if e.primitive.name == "checkpoint"),
+                    (dict(e.params) for e in closed.jaxpr.eqns if e.primitive.name in _REMAT),
                     None,
                 )
                 return _Analysis(g, state, consts, n_carry, ckpt, sliced)
