@@ -247,24 +247,34 @@ def _evaluate(a: _Analysis, m: int, mb: Any, consts: list[Any], args: list[Any])
                     f"microbatch (shape {tuple(x.shape)}, expected {new}): use microbatches=1"
                 )
             if v in a.sliced:
-                d = a.sliced[v]
-                n = x.shape[d] // m
-                x = jax.lax.dynamic_slice_in_dim(x, mb * n, n, axis=d)
+                x = _microbatch(x, a.sliced[v], m, mb)
             env[v] = x
     return [read(v) for v in g.outputs]
 
 
 def _to_mb(x: Any, s: Any, m: int, lead: int = 0) -> Any:
-    """Split dim ``lead + s`` of ``x`` into (m, n/m) and move m to position ``lead``."""
+    """Split dim ``lead + s`` of ``x`` into microbatches, stacked at position ``lead``.
+
+    Microbatch ``j`` holds rows ``j, j + m, j + 2m, ...`` (the microbatch index is the minor
+    factor): a batch split over a data axis stays split within every microbatch, where
+    contiguous microbatches would give the data axis to the microbatch index.
+    """
     d = lead + s
-    shape = (*x.shape[:d], m, x.shape[d] // m, *x.shape[d + 1 :])
-    return jnp.moveaxis(x.reshape(shape), d, lead)
+    shape = (*x.shape[:d], x.shape[d] // m, m, *x.shape[d + 1 :])
+    return jnp.moveaxis(x.reshape(shape), d + 1, lead)
 
 
 def _from_mb(x: Any, s: Any, lead: int = 0) -> Any:
+    """The inverse of ``_to_mb``."""
     d = lead + s
-    x = jnp.moveaxis(x, lead, d)
+    x = jnp.moveaxis(x, lead, d + 1)
     return x.reshape((*x.shape[:d], x.shape[d] * x.shape[d + 1], *x.shape[d + 2 :]))
+
+
+def _microbatch(x: Any, d: int, m: int, mb: Any) -> Any:
+    """Microbatch ``mb`` of ``x`` along dim ``d`` (as ``_to_mb`` cuts them)."""
+    x = x.reshape((*x.shape[:d], x.shape[d] // m, m, *x.shape[d + 1 :]))
+    return jax.lax.dynamic_index_in_dim(x, mb, axis=d + 1, keepdims=False)
 
 
 def gpipe_runner(mesh: Mesh, spec: PipelineSpec) -> ScanRunner:
