@@ -10,6 +10,8 @@ import jax.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from shardlab.bench.corpus.models import nnx_scan
 from shardlab.examples.transformer import gpt, gpt_scan
@@ -163,6 +165,31 @@ def test_runner_keeps_a_wrapped_checkpoint():
     _equal(got, want, rtol=1e-5, atol=1e-5)
     grad_jaxpr = str(jax.make_jaxpr(jax.grad(lambda w, x: loss(w, x, runner)))(w, x))
     assert "remat" in grad_jaxpr or "checkpoint" in grad_jaxpr
+
+
+def test_plan_constraints_inside_the_layers_are_kept():
+    """A plan's sharding constraints inside the scan body (a searched plan has them, on any
+    mesh axis) are re-applied inside the shard_map, the stage axis dropped."""
+    mesh = make_mesh(stage=4, data=2)
+    runner = gpipe_runner(mesh, PipelineSpec(stages=4, microbatches=2))
+    k = jax.random.split(jax.random.key(1), 2)
+    w, x = jax.random.normal(k[0], (8, 16, 16)) * 0.3, jax.random.normal(k[1], (8, 16))
+    spec = NamedSharding(mesh, P("data", "stage"))
+
+    def body(carry, x):
+        (h,), (wl,) = carry, x
+        return [jnp.tanh(jax.lax.with_sharding_constraint(h, spec) @ wl)], []
+
+    def loss(w, x, run):
+        (h,), _ = run(body, [x], [w], length=8, reverse=False, unroll=1)
+        return jnp.sum(h**2)
+
+    def plain(step, init, xs, **kw):
+        return jax.lax.scan(step, init, xs, **kw)
+
+    got = jax.jit(jax.value_and_grad(lambda w, x: loss(w, x, runner)))(w, x)
+    want = jax.jit(jax.value_and_grad(lambda w, x: loss(w, x, plain)))(w, x)
+    _equal(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_whole_batch_op_is_refused():

@@ -29,7 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardlab.parallel.errors import SearchError
@@ -38,6 +38,7 @@ from shardlab.parallel.graph.opgraph import Node, OpGraph, ScanGroup, build_from
 from shardlab.parallel.graph.rules import rule_for
 from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.records import PipelineSpec
+from shardlab.parallel.specs import spec_entries
 
 SUM = -1  # the state of a partial sum over the batch (other states: None, or the split dim)
 State = int | None
@@ -211,9 +212,13 @@ def _small(shape: Sequence[int], s: State, m: int) -> tuple[int, ...]:
     return tuple(n // m if d == s else n for d, n in enumerate(shape))
 
 
-def _evaluate(a: _Analysis, m: int, mb: Any, consts: list[Any], args: list[Any]) -> list[Any]:
+def _evaluate(
+    a: _Analysis, m: int, mb: Any, consts: list[Any], args: list[Any], *, manual: str
+) -> list[Any]:
     """The step's equations on microbatch ``mb`` (shape parameters naming the batch
-    rewritten; ``a.sliced`` values computed whole and sliced)."""
+    rewritten; ``a.sliced`` values computed whole and sliced). The plan's sharding
+    constraints are re-applied on the mesh inside the ``shard_map`` (``manual`` axis
+    dropped: each stage holds its own layers)."""
     g, state = a.graph, a.state
     env: dict[int, Any] = dict(zip(a.consts, consts, strict=True))
     env.update(zip(g.inputs, args, strict=True))
@@ -224,6 +229,11 @@ def _evaluate(a: _Analysis, m: int, mb: Any, consts: list[Any], args: list[Any])
     for node in g.nodes:
         invals = [read(v) for v in node.inputs]
         eqn = node.eqn
+        if node.primitive == "sharding_constraint":
+            (v,) = node.outputs
+            x = _constrain_inside(eqn, invals[0], manual)
+            env[v] = _microbatch(x, a.sliced[v], m, mb) if v in a.sliced else x
+            continue
         got = eqn.primitive.get_bind_params(eqn.params)
         subfuns, params = got if isinstance(got, tuple) else ((), got)
         params = dict(params)
@@ -250,6 +260,20 @@ def _evaluate(a: _Analysis, m: int, mb: Any, consts: list[Any], args: list[Any])
                 x = _microbatch(x, a.sliced[v], m, mb)
             env[v] = x
     return [read(v) for v in g.outputs]
+
+
+def _constrain_inside(eqn: Any, x: Any, manual: str) -> Any:
+    sharding = eqn.params["sharding"]
+    spec = getattr(sharding, "spec", None)
+    if spec is None:
+        return x
+    entries = [tuple(a for a in axes if a != manual) for axes in spec_entries(spec)]
+    entries = entries[: x.ndim] + [()] * (x.ndim - len(entries))
+    inner = P(*[(e[0] if len(e) == 1 else e) if e else None for e in entries])
+    with _context(eqn):
+        return jax.lax.with_sharding_constraint(
+            x, NamedSharding(jax.sharding.get_abstract_mesh(), inner)
+        )
 
 
 def _to_mb(x: Any, s: Any, m: int, lead: int = 0) -> Any:
@@ -309,7 +333,7 @@ def gpipe_runner(mesh: Mesh, spec: PipelineSpec) -> ScanRunner:
             staged.append(x if s is None or s == SUM else _to_mb(x, s, m, lead=2).swapaxes(1, 2))
 
         def micro(carry: list[Any], x: list[Any], mb: Any, cs: list[Any]) -> Any:
-            out = _evaluate(a, m, mb, cs, [*carry, *x])
+            out = _evaluate(a, m, mb, cs, [*carry, *x], manual=axis)
             return out[: a.n_carry], out[a.n_carry :]
 
         if a.checkpoint is not None:  # keep a remat runner's jax.checkpoint around the step
