@@ -30,6 +30,7 @@ from shardlab.parallel.plan.binding import Binding
 from shardlab.parallel.plan.plan import Plan
 from shardlab.parallel.search.annotations import resolve_annotations
 from shardlab.parallel.search.baselines import baselines
+from shardlab.parallel.search.bounds import check_budget
 from shardlab.parallel.search.budget import solve_within_budget
 from shardlab.parallel.search.build import build_space
 from shardlab.parallel.search.choice import (
@@ -148,6 +149,8 @@ def search(
     graph, ties = traced.graph, traced.ties
     n_batch = traced.arg_of_leaf.count(len(args) - 1) if len(args) > 1 else 0
     report(0.1, f"{len(graph.nodes)} equations traced")
+    if memory_budget is not None:  # refuse an impossible budget before searching
+        check_budget(graph, sizes, float(memory_budget))
     space = build_space(graph, sizes, profile, fixed_inputs=fixed, ties=ties)
     report(0.3, f"{len(space.units)} decisions, {len(space.edges)} edges")
     notes: list[str] = []
