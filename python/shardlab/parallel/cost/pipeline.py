@@ -1,0 +1,611 @@
+"""Pipeline stages in the cost model: a schedule simulator and a plan's per-stage times.
+
+``simulate`` runs a pipeline schedule (``gpipe``: every forward, then every backward;
+``1f1b``: PipeDream-flush, warm-up forwards then one forward one backward) over ``p``
+stages and ``m`` microbatches as a list scheduler: each stage is one in-order lane; a
+forward of microbatch j on stage s waits for stage s-1's forward of j and its transfer, a
+backward for stage s+1's backward of j. Stage-to-stage transfers (a collective-permute of
+one microbatch's activation) are charged on the sender's lane, not overlapped with its
+compute (MaxText PR #701: PP comms are exposed).
+
+Bubble fractions, both labelled: ``bubble_share_of_step`` (MaxText's and GPipe's: idle time
+over the step, ``(p-1)/(m+p-1)`` for uniform stages) and ``bubble_over_ideal`` (Megatron's
+``t_pb / t_id``: bubble time over the ideal ``m·(t_f+t_b)``, ``(p-1)/m``).
+
+``predict_pipeline`` derives the per-stage times from the op graph of a plan: the layers are
+the iterations of a layer scan and of the backward scan that reads its residuals
+(``cost/remat.layer_scans``), each costed node by node with the roofline and alpha-beta
+model on the plan's per-device layouts (the stage axis taken out: each stage's devices run
+the whole microbatch); the rest of the graph (embedding, head, optimizer update) is charged
+once, outside the pipeline. A microbatch's time is the full batch's over ``m`` (flops and
+activation bytes scale with the batch; the weight reads do not, so small microbatches are
+priced optimistically).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shardlab.parallel.cost import layouts as L
+from shardlab.parallel.cost.predict import layout_cost
+from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile, wire_bytes
+from shardlab.parallel.cost.propagate import Propagation
+from shardlab.parallel.cost.remat import LayerScan, layer_scans
+from shardlab.parallel.errors import SearchError
+from shardlab.parallel.graph.opgraph import OpGraph
+from shardlab.parallel.records import (
+    PIPELINE_SCHEDULES,
+    Collective,
+    CostBreakdown,
+    DeviceMemoryEstimate,
+    PipelineSpec,
+    _Record,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class StageEvent(_Record):
+    """One interval on a stage's lane (seconds from the start of the pipelined part).
+
+    ``kind``: ``forward``, ``backward``, ``send`` (a transfer to the next/previous stage,
+    exposed) or ``idle`` (a bubble); ``microbatch`` -1 for idle gaps."""
+
+    stage: int
+    kind: str
+    microbatch: int
+    start: float
+    end: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleResult(_Record):
+    """A simulated pipeline schedule.
+
+    Attributes:
+        schedule: ``gpipe`` or ``1f1b``.
+        stages: p.
+        microbatches: m.
+        step_time: seconds from the first forward to the last backward.
+        busy: per stage, seconds computing (forward + backward).
+        sending: per stage, seconds of exposed transfers.
+        bubble_share_of_step: MaxText / GPipe definition, idle share of the step
+            (``1 - Σ busy / (p · step)``).
+        bubble_over_ideal: Megatron definition, ``(step - ideal) / ideal`` with ideal
+            ``m · max_s (t_f + t_b)``.
+        bubble_share_of_step_formula: ``(p-1)/(m+p-1)``.
+        bubble_over_ideal_formula: ``(p-1)/m``.
+        in_flight: per stage, the most microbatches whose forward ran and backward did not
+            (m for GPipe, p - s for 1F1B).
+        events: per stage, its forward/backward/send events and idle gaps, in time order.
+    """
+
+    schedule: str
+    stages: int
+    microbatches: int
+    step_time: float
+    busy: tuple[float, ...]
+    sending: tuple[float, ...]
+    bubble_share_of_step: float
+    bubble_over_ideal: float
+    bubble_share_of_step_formula: float
+    bubble_over_ideal_formula: float
+    in_flight: tuple[int, ...]
+    events: tuple[StageEvent, ...]
+
+    @property
+    def peak_in_flight(self) -> int:
+        return max(self.in_flight)
+
+
+def _orders(schedule: str, p: int, m: int) -> list[list[tuple[str, int]]]:
+    if schedule == "gpipe":
+        return [[("F", j) for j in range(m)] + [("B", j) for j in range(m)] for _ in range(p)]
+    out = []
+    for s in range(p):
+        warm = min(p - s - 1, m)
+        order = [("F", j) for j in range(warm)]
+        f, b = warm, 0
+        while f < m:
+            order += [("F", f), ("B", b)]
+            f, b = f + 1, b + 1
+        order += [("B", j) for j in range(b, m)]
+        out.append(order)
+    return out
+
+
+def simulate(
+    forward: Sequence[float],
+    backward: Sequence[float],
+    microbatches: int,
+    *,
+    schedule: str = "gpipe",
+    transfer: Sequence[float] | float = 0.0,
+) -> ScheduleResult:
+    """Simulate one step's pipelined part.
+
+    Args:
+        forward: per stage, seconds of one microbatch's forward.
+        backward: per stage, seconds of one microbatch's backward (0 for inference).
+        microbatches: m.
+        schedule: ``gpipe`` or ``1f1b``.
+        transfer: per stage boundary s → s+1 (``p - 1`` values, or one for all), seconds
+            of one microbatch's activation transfer (and of its gradient back).
+
+    Raises:
+        SearchError: an unknown schedule, m < 1, or lengths that do not match.
+    """
+    p, m = len(forward), int(microbatches)
+    if schedule not in PIPELINE_SCHEDULES:
+        raise SearchError(
+            f"unknown pipeline schedule {schedule!r}: use one of "
+            f"{', '.join(map(repr, PIPELINE_SCHEDULES))}"
+        )
+    if m < 1 or p < 1 or len(backward) != p:
+        raise SearchError(
+            f"a pipeline needs m >= 1 microbatches ({m}) and one forward and backward time "
+            f"per stage ({p} forward, {len(backward)} backward)"
+        )
+    xfer = (
+        [float(transfer)] * max(0, p - 1) if isinstance(transfer, (int, float)) else list(transfer)
+    )
+    if len(xfer) != p - 1:
+        raise SearchError(f"transfer: {len(xfer)} values for {p - 1} stage boundaries")
+    has_backward = any(b > 0 for b in backward)
+    orders = _orders(schedule, p, m)
+    if not has_backward:
+        orders = [[op for op in o if op[0] == "F"] for o in orders]
+    done: dict[tuple[str, int, int], float] = {}  # (kind, stage, mb) -> end incl. send
+    clock = [0.0] * p
+    pos = [0] * p
+    events: list[StageEvent] = []
+    sending = [0.0] * p
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for s in range(p):
+            while pos[s] < len(orders[s]):
+                kind, j = orders[s][pos[s]]
+                if kind == "F":
+                    dep = ("F", s - 1, j) if s > 0 else None
+                else:
+                    dep = ("B", s + 1, j) if s < p - 1 else ("F", s, j)
+                if dep is not None and dep not in done:
+                    break
+                start = max(clock[s], done[dep] if dep is not None else 0.0)
+                seconds = forward[s] if kind == "F" else backward[s]
+                end = start + seconds
+                name = "forward" if kind == "F" else "backward"
+                events.append(StageEvent(s, name, j, start, end))
+                # The transfer to the next stage (forward) or the previous (backward).
+                target = s + 1 if kind == "F" else s - 1
+                if 0 <= target < p:
+                    t = xfer[min(s, target)]
+                    if t > 0:
+                        events.append(StageEvent(s, "send", j, end, end + t))
+                        sending[s] += t
+                        end += t
+                done[(kind, s, j)] = end
+                clock[s] = end
+                pos[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # pragma: no cover - the orders above never deadlock
+            raise RuntimeError("pipeline schedule deadlocked")
+    step = max(clock)
+    busy = [m * (forward[s] + (backward[s] if has_backward else 0.0)) for s in range(p)]
+    lanes: list[StageEvent] = []
+    in_flight = []
+    for s in range(p):
+        mine = sorted((e for e in events if e.stage == s), key=lambda e: e.start)
+        t = 0.0
+        for e in mine:
+            if e.start > t + 1e-15:
+                lanes.append(StageEvent(s, "idle", -1, t, e.start))
+            lanes.append(e)
+            t = e.end
+        if step > t + 1e-15:
+            lanes.append(StageEvent(s, "idle", -1, t, step))
+        live = peak = 0
+        for e in mine:
+            if e.kind == "forward":
+                live += 1
+                peak = max(peak, live)
+            elif e.kind == "backward":
+                live -= 1
+        in_flight.append(peak if has_backward else 1)
+    ideal = m * max(
+        f + (b if has_backward else 0.0) for f, b in zip(forward, backward, strict=True)
+    )
+    return ScheduleResult(
+        schedule=schedule,
+        stages=p,
+        microbatches=m,
+        step_time=step,
+        busy=tuple(busy),
+        sending=tuple(sending),
+        bubble_share_of_step=1.0 - sum(busy) / (p * step) if step > 0 else 0.0,
+        bubble_over_ideal=(step - ideal) / ideal if ideal > 0 else 0.0,
+        bubble_share_of_step_formula=(p - 1) / (m + p - 1),
+        bubble_over_ideal_formula=(p - 1) / m,
+        in_flight=tuple(in_flight),
+        events=tuple(lanes),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerTimes(_Record):
+    """Per layer of a layer scan, from the op graph (full batch, per device, stage axis out).
+
+    Attributes:
+        forward: per layer, seconds of its forward (roofline + the collectives it needs).
+        backward: per layer, seconds of its backward (0 without a backward scan).
+        residual_bytes: per layer, per-device bytes its forward keeps for the backward
+            (the forward scan's stacked outputs the backward scan reads).
+        activation_bytes: per-device bytes of the activation passed between layers (the
+            scan's carry), full batch.
+        carry_batch_dim_split: devices the carry's leading (batch) dimension is split over.
+        outside: seconds of everything else (prologue, epilogue, optimizer), run once.
+        outside_collectives: the collectives of that part.
+        layer_collectives: per layer, the collectives inside it (forward and backward).
+        scan: the forward layer scan's group index (``OpGraph.scan_groups``).
+        backward_scan: the backward scan's group index, or -1.
+    """
+
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+    residual_bytes: tuple[int, ...]
+    activation_bytes: int
+    carry_batch_dim_split: int
+    carry_rows: int
+    outside: float
+    outside_collectives: tuple[Collective, ...]
+    layer_collectives: tuple[tuple[Collective, ...], ...]
+    scan: int
+    backward_scan: int
+
+    @property
+    def layers(self) -> int:
+        return len(self.forward)
+
+
+def _strip(lay: L.DimAxes, axis: str) -> L.DimAxes:
+    return tuple(tuple(a for a in ax if a != axis) for ax in lay)
+
+
+def _pick_scan(graph: OpGraph, scans: Sequence[int]) -> tuple[int, LayerScan | None]:
+    pairs = layer_scans(graph)
+    if scans:
+        f = next((k for k in scans if not graph.scan_groups[k].reverse), scans[0])
+        return f, pairs.get(f)
+    if pairs:
+        f = max(pairs, key=lambda k: graph.scan_groups[k].length)
+        return f, pairs[f]
+    forward = [k for k, g in enumerate(graph.scan_groups) if g.length > 1 and not g.reverse]
+    if not forward:
+        raise SearchError(
+            "the function has no repeated layer scan to cut into pipeline stages (no "
+            "lax.scan over stacked layers was found in its graph); write the repeated "
+            "blocks as jax.lax.scan over stacked parameters, or use pipeline=False"
+        )
+    f = max(
+        forward, key=lambda k: graph.scan_groups[k].length * len(graph.scan_groups[k].body.nodes)
+    )
+    return f, None
+
+
+def layer_times(
+    graph: OpGraph,
+    input_layouts: Sequence[L.DimAxes],
+    sizes: Mapping[str, int],
+    profile: DeviceProfile,
+    *,
+    axis: str = "stage",
+    scans: Sequence[int] = (),
+    policy: str = "none",
+    output_layouts: Sequence[L.DimAxes | None] | None = None,
+) -> tuple[LayerTimes, CostBreakdown]:
+    """Per-layer times and bytes of ``graph``'s layer scan under ``input_layouts`` with the
+    stage ``axis`` taken out (``policy``: the remat policy deciding the residuals kept).
+
+    Returns the layer times and the unpipelined ``CostBreakdown`` of the same layouts."""
+    ins = [_strip(lay, axis) for lay in input_layouts]
+    outs = (
+        None
+        if output_layouts is None
+        else [None if o is None else _strip(o, axis) for o in output_layouts]
+    )
+    cost, prop = layout_cost(graph, ins, sizes, profile, output_layouts=outs)
+    f, pair = _pick_scan(graph, scans)
+    fwd = graph.scan_groups[f]
+    b = pair.backward if pair is not None else -1
+    n = fwd.length
+    t_f, t_b = [0.0] * n, [0.0] * n
+    coll: list[list[Collective]] = [[] for _ in range(n)]
+    outside = 0.0
+    out_coll: list[Collective] = []
+    covered = 0
+    for index, first, last, seconds in prop.spans:
+        node = graph.nodes[index]
+        here = prop.collectives[first:last]
+        comm = sum(profile.time_of(c) for c in here)
+        origin = node.origin
+        if origin is not None and origin[0] == f:
+            layer = n - 1 - origin[1] if fwd.reverse else origin[1]
+            t_f[layer] += seconds + comm
+            coll[layer].extend(here)
+        elif origin is not None and origin[0] == b:
+            bg = graph.scan_groups[b]
+            layer = bg.length - 1 - origin[1] if bg.reverse else origin[1]
+            t_b[layer] += seconds + comm
+            coll[layer].extend(here)
+        else:
+            outside += seconds + comm
+            out_coll.extend(here)
+        covered = last
+    tail = prop.collectives[covered:]
+    outside += sum(profile.time_of(c) for c in tail)
+    out_coll.extend(tail)
+    residual = [0] * n
+    if pair is not None:
+        kept = pair.kept(policy)
+        ys = fwd.outputs[fwd.num_carry :]
+        for k in kept:
+            v = ys[k]
+            per = _local(graph, prop, v, sizes) // n
+            residual = [r + per for r in residual]
+    carry = fwd.outputs[0] if fwd.num_carry else fwd.outputs[-1]
+    lay = prop.layouts[carry] or L.replicated(len(graph.shapes[carry]))
+    split = math.prod(sizes[a] for a in lay[0]) if lay else 1
+    rows = graph.shapes[carry][0] if graph.shapes[carry] else 1
+    times = LayerTimes(
+        forward=tuple(t_f),
+        backward=tuple(t_b),
+        residual_bytes=tuple(residual),
+        activation_bytes=_local(graph, prop, carry, sizes),
+        carry_batch_dim_split=split,
+        carry_rows=rows,
+        outside=outside,
+        outside_collectives=tuple(out_coll),
+        layer_collectives=tuple(tuple(c) for c in coll),
+        scan=f,
+        backward_scan=b,
+    )
+    return times, cost
+
+
+def _local(graph: OpGraph, prop: Propagation, v: int, sizes: Mapping[str, int]) -> int:
+    lay = prop.layouts[v] or L.replicated(len(graph.shapes[v]))
+    return L.local_bytes(graph.nbytes(v), lay, sizes)
+
+
+def microbatch_bytes(times: LayerTimes, m: int) -> int:
+    """Per-device bytes of one microbatch's activation (what one stage sends the next): the
+    carry's rows over ``m``, split over the carry's batch axes while they divide (a one-row
+    microbatch no longer splits over a data axis)."""
+    rows, split = times.carry_rows, times.carry_batch_dim_split
+    per_row_local = times.activation_bytes * split / max(1, rows)
+    mb_rows = rows // m
+    local_rows = mb_rows // split if split > 1 and mb_rows % split == 0 else mb_rows
+    return round(local_rows * per_row_local)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineCost(_Record):
+    """``predict_pipeline``'s answer.
+
+    Attributes:
+        spec: the pipeline.
+        schedule: the simulated schedule (per-stage lanes, bubbles, in-flight counts).
+        stage_forward: per stage, seconds of one microbatch's forward.
+        stage_backward: per stage, seconds of one microbatch's backward.
+        layers_per_stage: the layers each stage runs (equal: the SPMD pipeline's layout).
+        transfer_time: seconds of one stage-to-stage transfer (alpha-beta, stage axis).
+        microbatch_bytes: per-device bytes of that transfer.
+        permute_count: collective-permutes per step per device in the SPMD loop
+            (``2 (m + p - 1)`` shifts for a train step, ``m + p - 1`` forward only, + 1 for
+            the last stage's carry leaving the pipeline).
+        permute_bytes: per-device bytes of those per step.
+        in_flight_bytes: per device, the peak in-flight residuals of the busiest stage.
+        outside_time: seconds outside the pipeline (prologue/epilogue/optimizer, once).
+        cost: a ``CostBreakdown`` comparable with unpipelined plans: ``time`` is the step
+            (outside + pipelined step; ``compute_time`` includes the bubbles), memory the
+            estimate with in-flight activations.
+        notes: the assumptions.
+    """
+
+    spec: PipelineSpec
+    schedule: ScheduleResult
+    stage_forward: tuple[float, ...]
+    stage_backward: tuple[float, ...]
+    layers_per_stage: tuple[int, ...]
+    transfer_time: float
+    microbatch_bytes: int
+    permute_count: int
+    permute_bytes: int
+    in_flight_bytes: int
+    outside_time: float
+    cost: CostBreakdown
+    notes: tuple[str, ...] = ()
+
+    @property
+    def time(self) -> float:
+        return self.cost.time
+
+
+def _stacked_leaves(graph: OpGraph, times: LayerTimes) -> set[int]:
+    """Graph-input positions of the layer-stacked leaves (the scan's ``xs`` read straight
+    from the arguments, and every input leaf of the same shape: its optimizer state)."""
+    fwd = graph.scan_groups[times.scan]
+    xs = set(fwd.inputs[fwd.num_consts + fwd.num_carry :])
+    shapes = {graph.shapes[v] for v in xs if v in set(graph.inputs)}
+    return {
+        i
+        for i, v in enumerate(graph.inputs)
+        if graph.shapes[v] in shapes and graph.shapes[v][:1] == (times.layers,)
+    }
+
+
+def predict_pipeline(
+    plan_or_binding: Any,
+    spec: PipelineSpec,
+    *,
+    input_layouts: Sequence[L.DimAxes] | None = None,
+    device: str | DeviceProfile | None = None,
+    policy: str | None = None,
+    assignment: Sequence[int] | None = None,
+) -> PipelineCost:
+    """The cost of running ``plan_or_binding``'s step with ``spec``'s pipeline.
+
+    Args:
+        plan_or_binding: a ``Plan`` (its input layouts are used, its remat policy too) or a
+            ``plan.binding.Binding`` (replicated layouts unless ``input_layouts``).
+        spec: stages, microbatches, axis, schedule.
+        input_layouts: per flat argument leaf, its layout (overrides the plan's).
+        device: the device profile (default: the plan's, else by backend).
+        policy: remat policy of the layer scan (default: the plan's, else ``none``).
+        assignment: layers per stage (default: equal, ``layers / stages`` each).
+
+    Raises:
+        SearchError: no layer scan, stages that do not divide the layers, microbatches that
+            do not divide the batch, a mesh without ``spec.axis``.
+    """
+    binding = getattr(plan_or_binding, "binding", None) or plan_or_binding
+    graph: OpGraph = binding.graph
+    mesh = binding.mesh
+    sizes = {str(k): int(v) for k, v in mesh.shape.items()}
+    if spec.axis not in sizes:
+        raise SearchError(
+            f"pipeline axis {spec.axis!r} is not a mesh axis (axes: {list(sizes)}); make "
+            f"the mesh with a stage axis, e.g. shardlab.mesh(stage={spec.stages}, ...)"
+        )
+    plan_cost = getattr(plan_or_binding, "cost", None)
+    profile = resolve_profile(device if device is not None else getattr(plan_cost, "device", None))
+    if input_layouts is None:
+        specs = getattr(plan_or_binding, "input_specs", None)
+        input_layouts = (
+            list(specs)
+            if specs is not None
+            else [L.replicated(len(graph.shapes[v])) for v in graph.inputs]
+        )
+    remat = getattr(plan_or_binding, "remat", None)
+    kept: str = policy or (remat.policy if remat is not None else "none")
+    times, flat = layer_times(
+        graph, input_layouts, sizes, profile, axis=spec.axis, scans=spec.scans, policy=kept
+    )
+    p, m, n = spec.stages, spec.microbatches, times.layers
+    if p < 1 or n % p:
+        good = [d for d in range(1, n + 1) if n % d == 0]
+        raise SearchError(f"stages={p} does not divide the {n} scanned layers; use one of {good}")
+    if m < 1 or times.carry_rows % m:
+        rows = times.carry_rows
+        good = [d for d in range(1, rows + 1) if rows % d == 0]
+        raise SearchError(
+            f"microbatches={m} does not divide the batch of {rows}; use one of {good}"
+        )
+    counts = list(assignment) if assignment is not None else [n // p] * p
+    if len(counts) != p or sum(counts) != n or min(counts) < 1:
+        raise SearchError(f"assignment {counts}: {p} positive layer counts summing to {n}")
+    bounds = [sum(counts[:s]) for s in range(p + 1)]
+    fw = tuple(sum(times.forward[bounds[s] : bounds[s + 1]]) / m for s in range(p))
+    bw = tuple(sum(times.backward[bounds[s] : bounds[s + 1]]) / m for s in range(p))
+    mb_bytes = microbatch_bytes(times, m)
+    xfer = (
+        profile.collective_time(
+            "collective-permute", wire_bytes("collective-permute", mb_bytes, 2), 2, (spec.axis,)
+        )
+        if p > 1
+        else 0.0
+    )
+    sim = simulate(fw, bw, m, schedule=spec.schedule, transfer=xfer)
+    train = any(t > 0 for t in times.backward)
+    shifts = (2 if train else 1) * (m + p - 1) if p > 1 else 0
+    exit_bytes = times.activation_bytes if p > 1 else 0
+    permute_count = shifts + (1 if p > 1 else 0)
+    permute_bytes = shifts * mb_bytes + exit_bytes
+    # Memory: arguments/outputs with the stacked layers split over the stages, plus the
+    # busiest stage's in-flight residuals, plus one microbatch's share of the rest.
+    stacked = _stacked_leaves(graph, times)
+    stacked_bytes = sum(
+        L.local_bytes(graph.nbytes(graph.inputs[i]), _strip(input_layouts[i], spec.axis), sizes)
+        for i in stacked
+    )
+    saved = stacked_bytes - stacked_bytes // p
+    tied_out = saved  # updated parameters and state leave in the same split
+    residual_total = sum(times.residual_bytes)
+    stage_res = [sum(times.residual_bytes[bounds[s] : bounds[s + 1]]) // m for s in range(p)]
+    in_flight_bytes = max(c * r for c, r in zip(sim.in_flight, stage_res, strict=True))
+    rest = max(0, flat.memory.activations - residual_total) // m
+    params = max(0, flat.memory.parameters - saved)
+    outs = max(0, flat.memory.outputs - tied_out)
+    memory = DeviceMemoryEstimate(
+        params, outs, in_flight_bytes + rest, params + outs + in_flight_bytes + rest
+    )
+    # One stage's layers' collectives (full-batch bytes: its m microbatches together).
+    layer_coll = [c for layer in times.layer_collectives[: counts[0]] for c in layer]
+    permutes = (
+        [
+            Collective(
+                "collective-permute",
+                mb_bytes,
+                2,
+                (spec.axis,),
+                float(mb_bytes),
+                op_name="pipeline shift",
+                count=shifts,
+            )
+        ]
+        if shifts
+        else []
+    )
+    if p > 1:
+        permutes.append(
+            Collective(
+                "collective-permute",
+                exit_bytes,
+                2,
+                (spec.axis,),
+                float(exit_bytes),
+                op_name="pipeline exit",
+            )
+        )
+    collectives = [*times.outside_collectives, *layer_coll, *permutes]
+    exit_time = profile.time_of(permutes[-1]) if p > 1 else 0.0
+    total = times.outside + sim.step_time + exit_time
+    comm = sum(profile.time_of(c) for c in collectives)
+    cost = CostBreakdown.from_collectives(
+        collectives,
+        profile,
+        flops=flat.flops / p,
+        compute_time=max(0.0, total - comm),
+        memory=memory,
+        warnings=flat.warnings,
+    )
+    notes = (
+        f"layers = iterations of scan group {times.scan}"
+        + (
+            f" and backward scan {times.backward_scan}"
+            if times.backward_scan >= 0
+            else " (no backward scan)"
+        ),
+        f"a microbatch costs 1/{m} of the full batch's layer time; transfers exposed, "
+        f"{xfer * 1e6:.2f} us each on {spec.axis!r}",
+        f"outside the pipeline (run once): {times.outside * 1e3:.3f} ms",
+    )
+    return PipelineCost(
+        spec=spec,
+        schedule=sim,
+        stage_forward=fw,
+        stage_backward=bw,
+        layers_per_stage=tuple(counts),
+        transfer_time=xfer,
+        microbatch_bytes=mb_bytes,
+        permute_count=permute_count,
+        permute_bytes=permute_bytes,
+        in_flight_bytes=in_flight_bytes,
+        outside_time=times.outside,
+        cost=cost,
+        notes=notes,
+    )
