@@ -30,133 +30,27 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from shardlab.parallel.cost.predict import memory_estimate
+from shardlab.parallel.cost.profiles import resolve_profile
+from shardlab.parallel.cost.propagate import propagate
+from shardlab.parallel.cost.remat import (
+    POLICIES,
+    LayerScan,
+    RematCost,
+    check_policy,
+    recomputed_nodes,
+    remat_cost,
+    selected_scans,
+)
+from shardlab.parallel.display import human_bytes
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.graph.interpret import ScanRunner
 from shardlab.parallel.graph.opgraph import OpGraph, ScanGroup
+from shardlab.parallel.mesh import mesh_shape_of
+from shardlab.parallel.plan.plan import Plan
 from shardlab.parallel.records import RematSpec
 
-POLICIES = ("none", "dots", "nothing")
-# Ops a matmul output may pass through and still count as "the matmul's output".
-_VIEWS = frozenset("reshape transpose squeeze expand_dims convert_element_type copy".split())
-
-NO_LAYER_SCAN = (
-    "no layer scan to rematerialise: remat applies to layers written as one lax.scan over "
-    "stacked parameters (flax nn.scan, nnx.scan, equinox's scan-over-layers, or "
-    "jax.lax.scan by hand) in a train step, where the forward scan's stacked outputs feed "
-    "a backward scan. Python loops of blocks are not rematerialised yet; wrap each block in "
-    "jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable) in your code "
-    "instead."
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class LayerScan:
-    """A forward layer scan and the backward scan that reads its residuals.
-
-    Attributes:
-        forward: the forward scan's group index.
-        backward: the backward scan's group index.
-        residuals: per ``ys`` position of the forward scan read by the backward one, the
-            ``xs`` positions of the backward scan that read it.
-        dots: the residual ``ys`` positions that are matmul outputs.
-    """
-
-    forward: int
-    backward: int
-    residuals: dict[int, tuple[int, ...]]
-    dots: frozenset[int]
-
-    def kept(self, policy: str) -> frozenset[int]:
-        """The residual ``ys`` positions the policy keeps."""
-        if policy == "none":
-            return frozenset(self.residuals)
-        return self.dots if policy == "dots" else frozenset()
-
-
-def check_policy(policy: str) -> None:
-    if policy not in POLICIES:
-        raise SearchError(
-            f"unknown remat policy {policy!r}: use one of {', '.join(map(repr, POLICIES))}"
-        )
-
-
-def layer_scans(graph: OpGraph) -> dict[int, LayerScan]:
-    """``{forward group: LayerScan}`` for the scans whose residuals feed a backward scan.
-
-    Raises:
-        SearchError: a residual is also read outside the backward scan.
-    """
-    owner: dict[int, int] = {}  # node index -> scan group
-    for k, g in enumerate(graph.scan_groups):
-        for i in range(g.start, g.end):
-            owner[i] = k
-    out: dict[int, LayerScan] = {}
-    for f, fwd in enumerate(graph.scan_groups):
-        ys = fwd.outputs[fwd.num_carry :]
-        readers: dict[int, set[int]] = {}
-        for k, v in enumerate(ys):
-            groups = {owner.get(i, -1) for i in graph.consumers(v)}
-            readers[k] = groups
-        backs = {b for gs in readers.values() for b in gs if b >= 0 and b != f}
-        backs = {b for b in backs if graph.scan_groups[b].length == fwd.length}
-        if len(backs) != 1:
-            continue
-        (b,) = backs
-        bwd = graph.scan_groups[b]
-        xs_b = bwd.inputs[bwd.num_consts + bwd.num_carry :]
-        residuals: dict[int, tuple[int, ...]] = {}
-        for k, v in enumerate(ys):
-            if b not in readers[k]:
-                continue
-            others = [i for i in graph.consumers(v) if owner.get(i, -1) != b]
-            if others or v in graph.outputs:
-                where = graph.nodes[others[0]].primitive if others else "an output"
-                raise SearchError(
-                    f"scan group {f}'s residual {k} (shape {graph.shapes[v]}) is read by the "
-                    f"backward scan {b} and also by {where}: it cannot be dropped and "
-                    "recomputed; use remat policy 'none' for this function"
-                )
-            residuals[k] = tuple(j for j, u in enumerate(xs_b) if u == v)
-        if residuals:
-            out[f] = LayerScan(f, b, residuals, _dot_outputs(fwd))
-    return out
-
-
-def _dot_outputs(group: ScanGroup) -> frozenset[int]:
-    body = group.body
-    out = set()
-    for k, v in enumerate(body.outputs[group.num_carry :]):
-        while True:
-            i = body.producer(v)
-            if i < 0:
-                break
-            node = body.nodes[i]
-            if node.primitive == "dot_general":
-                out.add(k)
-                break
-            if node.primitive not in _VIEWS:
-                break
-            v = node.inputs[0]
-    return frozenset(out)
-
-
-def selected_scans(graph: OpGraph, spec: RematSpec) -> dict[int, LayerScan]:
-    """The layer scans ``spec`` applies to, checked.
-
-    Raises:
-        SearchError: an unknown policy, no layer scan, or a scan index that is not one.
-    """
-    check_policy(spec.policy)
-    found = layer_scans(graph)
-    if not found:
-        raise SearchError(NO_LAYER_SCAN)
-    for s in spec.scans:
-        if s not in found:
-            raise SearchError(
-                f"scan group {s!r} is not a forward layer scan: the forward layer scans of "
-                f"this function are {sorted(found)} (of {len(graph.scan_groups)} scan groups)"
-            )
-    return {f: found[f] for f in (spec.scans or sorted(found))}
+__all__ = ["POLICIES", "plan_remat_cost", "remat_runners", "with_remat"]
 
 
 def remat_runners(
@@ -182,8 +76,7 @@ def remat_runners(
 def _forward_runner(
     group: ScanGroup, pair: LayerScan, policy: str, state: dict[str, Any], run: ScanRunner
 ) -> ScanRunner:
-    kept = pair.kept(policy)
-    dropped = [k for k in pair.residuals if k not in kept]
+    dropped = pair.dropped(policy)
 
     def runner(step: Any, init: Any, xs: Any, *, length: int, reverse: bool, unroll: Any):
         state["consts"] = _consts_of(step)
@@ -199,14 +92,12 @@ def _forward_runner(
         kept_ys = iter(saved[: n_ys - len(dropped)])
         state["inputs"] = list(saved[n_ys - len(dropped) :])
         ys = []
-        for k, v in enumerate(group.outputs[group.num_carry :]):
+        for k in range(len(group.outputs) - group.num_carry):
             if k in dropped:  # nothing reads it: the backward runner recomputes it
-                shape, dtype = group.body.shapes[group.body.outputs[group.num_carry + k]], None
-                dtype = group.body.dtypes[group.body.outputs[group.num_carry + k]]
-                ys.append(jnp.zeros((length, *shape), dtype))
+                u = group.body.outputs[group.num_carry + k]
+                ys.append(jnp.zeros((length, *group.body.shapes[u]), group.body.dtypes[u]))
             else:
                 ys.append(next(kept_ys))
-            del v
         return carry, ys
 
     return runner
@@ -231,7 +122,7 @@ def _backward_runner(
     bwd = graph.scan_groups[pair.backward]
     body = fwd.body
     kept = pair.kept(policy)
-    dropped = {k for k in pair.residuals if k not in kept}
+    dropped = set(pair.dropped(policy))
     ys_f = body.outputs[fwd.num_carry :]
     # backward xs position -> forward ys position (dropped residuals only)
     slot = {j: k for k, js in pair.residuals.items() if k in dropped for j in js}
@@ -241,7 +132,7 @@ def _backward_runner(
     shared = {i: xs_b.index(u) for i, u in enumerate(xs_f) if u in xs_b}
     # kept residuals: forward body var -> backward xs position (to start recomputing from)
     known = {ys_f[k]: js[0] for k, js in pair.residuals.items() if k in kept and js}
-    order = _needed(body, [ys_f[k] for k in sorted(dropped)], set(known) | set(body.inputs))
+    order = recomputed_nodes(fwd, pair, policy)
 
     def runner(step: Any, init: Any, xs: Any, *, length: int, reverse: bool, unroll: Any):
         if "inputs" not in state:
@@ -281,27 +172,69 @@ def _backward_runner(
     return runner
 
 
-def _needed(body: OpGraph, targets: Sequence[int], available: set[int]) -> list[int]:
-    """Body node indices (program order) needed to compute ``targets`` from ``available``."""
-    need: set[int] = set()
-    stack = [v for v in targets if v not in available]
-    seen: set[int] = set()
-    while stack:
-        v = stack.pop()
-        if v in seen:
-            continue
-        seen.add(v)
-        i = body.producer(v)
-        if i < 0:
-            continue
-        need.add(i)
-        stack.extend(u for u in body.nodes[i].inputs if u not in available)
-    return sorted(need)
-
-
 def _bind(eqn: Any, invals: Sequence[Any]) -> list[Any]:
     got = eqn.primitive.get_bind_params(eqn.params)
     subfuns, params = got if isinstance(got, tuple) else ((), got)
     with eqn.ctx.manager:
         out = eqn.primitive.bind(*subfuns, *invals, **params)
     return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def plan_remat_cost(plan: Plan, spec: RematSpec) -> RematCost:
+    """The cost model's account of ``spec`` on ``plan`` (``cost/remat.py``): the plan's
+    propagation re-run from its layouts, then the residual stacks dropped and kept."""
+    b = plan.binding
+    if b is None:
+        raise SearchError(
+            "this plan is not bound to a function (it was loaded from JSON): call "
+            "plan.bind(fn, *args, mesh=mesh) before with_remat"
+        )
+    g = b.graph
+    sizes = mesh_shape_of(b.mesh)
+    profile = resolve_profile(plan.cost.device)
+    constraints = {g.nodes[i].outputs[0]: lays[0] for i, _, lays in plan.constraints if lays[0]}
+    prop = propagate(
+        g,
+        list(plan.input_specs),
+        sizes,
+        profile,
+        constraints=constraints or None,
+        output_layouts=list(plan.output_specs),
+    )
+    base = memory_estimate(g, prop, sizes, profile)
+    return remat_cost(g, prop, sizes, base, spec)
+
+
+def with_remat(plan: Plan, spec: RematSpec | str) -> Plan:
+    """``plan`` with its layer scans rematerialised by ``spec`` and its cost updated.
+
+    Args:
+        plan: a plan bound to its function (searched, a baseline or hand-made).
+        spec: a ``RematSpec`` or a policy name (``"none"``, ``"dots"``, ``"nothing"``).
+
+    Returns:
+        The plan with ``remat`` set; its ``cost.memory`` is the remat prediction, its flops
+        and compute time include the recompute, and a note says what was dropped.
+
+    Raises:
+        SearchError: an unknown policy (the valid ones named), a function without a layer
+            scan (what counts as one, and ``jax.checkpoint`` as the alternative), a scan
+            index that is not a forward layer scan, a residual read elsewhere.
+    """
+    if isinstance(spec, str):
+        spec = RematSpec(spec)
+    check_policy(spec.policy)
+    got = plan_remat_cost(plan, spec)
+    cost = dataclasses.replace(
+        plan.cost,
+        memory=got.memory,
+        flops=plan.cost.flops + got.recompute_flops,
+        compute_time=plan.cost.compute_time + got.recompute_time,
+    )
+    note = (
+        f"remat {spec.policy} on scan groups {list(got.scans)}: "
+        f"{human_bytes(got.dropped_bytes)} of residuals dropped, "
+        f"{human_bytes(got.saved_bytes)} of layer inputs kept, "
+        f"{got.recompute_flops:.3g} flops recomputed per device"
+    )
+    return dataclasses.replace(plan, remat=spec, cost=cost, notes=(*plan.notes, note))
