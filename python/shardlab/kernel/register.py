@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..engine import memory_history
+from .calibrate_magic import CalibrateMagics
 from .cluster_magic import ClusterMagics
 from .compare_magic import CompareMagics
 from .magics import ShardlabMagics
@@ -38,6 +39,9 @@ def register(shell: Any) -> ShardlabSession:
     shell.register_magics(ShardlabMagics(shell, session=session))
     shell.register_magics(CompareMagics(shell, session=session))
     shell.register_magics(ClusterMagics(shell, session=session))
+    calibrate_magics = CalibrateMagics(shell, session=session, config=shell.config)
+    shell.configurables.append(calibrate_magics)  # %config CalibrateMagics.use_by_default
+    shell.register_magics(calibrate_magics)
     status.register_target()
     return session
 

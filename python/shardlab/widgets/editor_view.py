@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from jax.sharding import PartitionSpec
 
-from ..parallel.cost.profiles import comm_time
+from ..parallel.cost.profiles import comm_time, describe_profile
 from ..parallel.records import COLLECTIVE_KINDS
 from ._html import KIND_COLORS, Raw, View, esc, fmt_bytes, fmt_time, panel, table
 from .editor_model import CompileResult, Evaluation
@@ -140,6 +140,7 @@ class EditorView(View):
                 f"{fmt_time(cost.time)} (compute {fmt_time(cost.compute_time)}, comm "
                 f"{fmt_time(cost.comm_time)}), memory {fmt_bytes(cost.memory.peak)} per device"
             )
+            lines.append(f"  priced by the {describe_profile(cost.device)}")
             report = self._compiled_report()
             for kind in COLLECTIVE_KINDS:
                 value = cost.comm_bytes.get(kind, 0)
@@ -250,6 +251,8 @@ class EditorView(View):
                 f"predicted step <b>{fmt_time(cost.time)}</b> (compute "
                 f"{fmt_time(cost.compute_time)}, communication {fmt_time(cost.comm_time)}"
                 f"{timing})</div>"
+                f"<div class='sl-note sl-priced-by'>priced by the "
+                f"{esc(describe_profile(cost.device))}</div>"
             )
             parts.append(
                 "<div style='display:flex;gap:16px;align-items:flex-start'>"

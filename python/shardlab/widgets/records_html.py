@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..parallel.cost.profiles import describe_profile
 from ..parallel.display import HTML_VIEWERS, mesh_text
 from ..parallel.labels import group_label, path_label
 from ..parallel.records import COLLECTIVE_KINDS, CostBreakdown, Report
@@ -92,7 +93,8 @@ def plan_html(plan: Any) -> str:
                 f"{fmt_bytes(cost.memory.activations)})",
             ),
             ("optimality", esc(plan.optimality())),
-            ("search", f"{plan.search_time:.2f} s, cost model profile {esc(cost.device)}"),
+            ("search", f"{plan.search_time:.2f} s"),
+            ("priced by", esc(describe_profile(cost.device))),
         ]
     )
     inputs = layer_rows(plan.input_paths, plan.input_shapes, plan.input_specs)
@@ -184,7 +186,7 @@ def cost_html(cost: CostBreakdown) -> str:
                 f"<b>{fmt_bytes(memory.peak)}</b> peak (parameters {fmt_bytes(memory.parameters)},"
                 f" outputs {fmt_bytes(memory.outputs)}, activations {fmt_bytes(memory.activations)})",
             ),
-            ("profile", esc(cost.device)),
+            ("priced by", esc(describe_profile(cost.device))),
         ]
     )
     rows = [

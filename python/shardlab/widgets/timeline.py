@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..parallel.cost.profiles import resolve_profile
 from ..parallel.cost.schedule import Timeline, measure, schedule
 from ..parallel.plan.plan import Plan
+from ..parallel.records import COLLECTIVE_KINDS
 from ._html import KIND_COLORS, View, esc, fmt_time, panel, source_label
 from .timeline_lanes import build_lanes
 
@@ -60,12 +62,55 @@ def _svg(timeline: Timeline) -> str:
     )
 
 
-class TimelineView(View):
-    """One or two timelines (model, measured) with their totals."""
+def phases(t: Timeline) -> dict[str, float]:
+    """Seconds per phase of one device's step: compute, each collective kind, and idle (the
+    step less both; on a measured trace, the mean over devices)."""
+    devices = max(t.devices, 1) if t.measured else 1
+    out = {"compute": t.compute}
+    for kind in COLLECTIVE_KINDS:
+        seconds = sum(e.end - e.start for e in t.events if e.kind == kind) / devices
+        if seconds > 0:
+            out[kind] = seconds
+    busy = t.compute + (t.communication if t.measured else t.exposed)
+    out["idle"] = max(0.0, t.total - busy)
+    return out
 
-    def __init__(self, timelines: Sequence[Timeline], *, notes: Sequence[str] = ()) -> None:
+
+def phase_gaps(model: Timeline, measured: Timeline) -> list[tuple[str, float, float]]:
+    """``(phase, model seconds, measured seconds)`` for every phase either has. The model's
+    collectives count whole (hidden ones too); its idle is the step less compute and the
+    communication compute waits for. Measured collectives on CPU include waiting for peers."""
+    a, b = phases(model), phases(measured)
+    order = ["compute", *COLLECTIVE_KINDS, "idle"]
+    return [(k, a.get(k, 0.0), b.get(k, 0.0)) for k in order if k in a or k in b]
+
+
+def _ratio(model: float, measured: float) -> str:
+    return f"{measured / model:.1f}×" if model > 0 else "-"
+
+
+class TimelineView(View):
+    """One or two timelines (model, measured) with their totals, which profile priced the
+    model, and the measured-vs-model gap per phase."""
+
+    def __init__(
+        self,
+        timelines: Sequence[Timeline],
+        *,
+        notes: Sequence[str] = (),
+        priced_by: str = "",
+    ) -> None:
         self.timelines = tuple(timelines)
         self.notes = tuple(notes)
+        self.priced_by = priced_by
+
+    def gaps(self) -> list[tuple[str, float, float]]:
+        """The gap per phase, when there is a model and a measured timeline."""
+        model = next((t for t in self.timelines if not t.measured), None)
+        measured = next((t for t in self.timelines if t.measured), None)
+        if model is None or measured is None:
+            return []
+        return phase_gaps(model, measured)
 
     @staticmethod
     def _summary(t: Timeline) -> str:
@@ -77,7 +122,7 @@ class TimelineView(View):
         )
 
     def text(self) -> str:
-        lines = []
+        lines = [f"model priced by the {self.priced_by}"] if self.priced_by else []
         for t in self.timelines:
             lines.append(self._summary(t))
             lines.append(f"  {t.note}")
@@ -87,11 +132,22 @@ class TimelineView(View):
                     f"  exposed {e.kind} {fmt_time(e.exposed)} at {fmt_time(e.start)} "
                     f"({source_label(e.source)})"
                 )
+        gaps = self.gaps()
+        if gaps:
+            lines.append("per phase (one device): model → measured")
+            lines.extend(
+                f"  {phase:<19} {fmt_time(m)} → {fmt_time(x)} ({_ratio(m, x)})"
+                for phase, m, x in gaps
+            )
         lines.extend(self.notes)
         return "\n".join(lines)
 
     def html(self) -> str:
-        parts = []
+        parts = (
+            [f"<div class='sl-note sl-priced-by'>model priced by the {esc(self.priced_by)}</div>"]
+            if self.priced_by
+            else []
+        )
         for t in self.timelines:
             parts.append(
                 f"<div class='sl-timeline {'sl-measured' if t.measured else 'sl-model'}'>"
@@ -105,6 +161,17 @@ class TimelineView(View):
             f"<div class='sl-note'><span style='color:{COMPUTE_COLOR}'>■</span> compute {legend}; "
             "red outline: communication the compute stream waits for</div>"
         )
+        gaps = self.gaps()
+        if gaps:
+            rows = "".join(
+                f"<tr><td>{esc(phase)}</td><td>{fmt_time(m)}</td><td>{fmt_time(x)}</td>"
+                f"<td>{_ratio(m, x)}</td></tr>"
+                for phase, m, x in gaps
+            )
+            parts.append(
+                "<table class='sl-phase-gaps'><tr><th>phase (one device)</th><th>model</th>"
+                f"<th>measured</th><th>measured ÷ model</th></tr>{rows}</table>"
+            )
         parts.extend(f"<div class='sl-note'>{esc(n)}</div>" for n in self.notes)
         return panel("sl-timeline-view", "".join(parts), title="timeline")
 
@@ -112,7 +179,14 @@ class TimelineView(View):
         """The interactive form (``bokeh_timeline``), this view as its static fallback."""
         from .bokeh_timeline import BokehTimelineView
 
-        return BokehTimelineView(self.timelines, fallback=self, notes=self.notes)
+        extra = [f"model priced by the {self.priced_by}"] if self.priced_by else []
+        gaps = self.gaps()
+        if gaps:
+            extra.append(
+                "per phase (one device), model → measured: "
+                + "; ".join(f"{p} {fmt_time(m)} → {fmt_time(x)}" for p, m, x in gaps)
+            )
+        return BokehTimelineView(self.timelines, fallback=self, notes=(*extra, *self.notes))
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
@@ -149,7 +223,8 @@ def timeline(
     if mesh is None:
         raise ValueError("timeline(fn, *args, mesh=..., in_shardings=...) needs a mesh")
     notes: list[str] = []
-    views = [schedule(fn, *args, mesh=mesh, in_shardings=in_shardings, device=device)]
+    profile = resolve_profile(device)
+    views = [schedule(fn, *args, mesh=mesh, in_shardings=in_shardings, device=profile)]
     if measured:
         try:
             views.append(measure(fn, *args, mesh=mesh, in_shardings=in_shardings))
@@ -159,7 +234,7 @@ def timeline(
         from .bokeh_timeline import difference_note
 
         notes.append(difference_note(views[0], views[1], platform=_platform()))
-    return TimelineView(views, notes=notes)
+    return TimelineView(views, notes=notes, priced_by=profile.priced_by)
 
 
 def _platform() -> str:
