@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         mesh,
         predict,
     )
+    from .parallel.cost.calibrate import calibrate, load_profile
     from .parallel.errors import SearchError
     from .parallel.plan.plan import Plan
     from .parallel.records import PlanRow
@@ -75,6 +76,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
             "predict",
         )
     },
+    "calibrate": (".parallel.cost.calibrate", "calibrate"),
+    "load_profile": (".parallel.cost.calibrate", "load_profile"),
     "SearchError": (".parallel.errors", "SearchError"),
     "Plan": (".parallel.plan.plan", "Plan"),
     "PlanRow": (".parallel.records", "PlanRow"),
@@ -133,6 +136,7 @@ __all__ = [
     "__version__",
     "analyze",
     "bisect",
+    "calibrate",
     "commgraph",
     "compare",
     "confirm",
@@ -142,6 +146,7 @@ __all__ = [
     "examples",
     "explore",
     "load_ipython_extension",
+    "load_profile",
     "memory",
     "mesh",
     "predict",

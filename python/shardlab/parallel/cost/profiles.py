@@ -15,6 +15,10 @@ collective-permute    B                           each device sends its buffer o
 
 Time: ``alpha · steps + wire_bytes / bandwidth`` with ``steps`` = n-1 (all-gather,
 reduce-scatter, all-to-all), 2(n-1) (all-reduce), 1 (collective-permute).
+
+A calibrated profile (``calibrate.py``) also carries measured fits, which take precedence
+where present: per mesh axis and kind ``alpha + beta · wire_bytes`` (``CollectiveFit``), and
+a per-operation overhead added to every operation's roofline time.
 """
 
 from __future__ import annotations
@@ -54,6 +58,83 @@ def ring_steps(kind: str, group_size: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class CollectiveFit(_Record):
+    """A least-squares fit of one collective kind's measured time on one mesh axis.
+
+    Attributes:
+        kind: one of ``COLLECTIVE_KINDS``.
+        axis: the mesh axis it was measured along.
+        group_size: devices per group along that axis.
+        alpha: seconds per collective at zero bytes (the fit's intercept).
+        beta: seconds per wire byte per device (the slope; ``1 / beta`` is the bandwidth).
+        residual: RMS error of the fit over the mean measured time (normalised RMS).
+        result_bytes: the measured sizes, result bytes per device.
+        seconds: the measured medians, one per size.
+    """
+
+    kind: str
+    axis: str
+    group_size: int
+    alpha: float
+    beta: float
+    residual: float
+    result_bytes: tuple[int, ...] = ()
+    seconds: tuple[float, ...] = ()
+
+    def time(self, wire: float, group_size: int) -> float:
+        """Seconds for ``wire`` bytes per device on a group of ``group_size``: the latency
+        scales with the ring steps when the group differs from the measured one."""
+        steps, measured = ring_steps(self.kind, group_size), ring_steps(self.kind, self.group_size)
+        alpha = self.alpha * steps / measured if measured else self.alpha
+        return alpha + wire * self.beta
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration(_Record):
+    """Where a calibrated profile's figures come from (``shardlab.calibrate``).
+
+    Attributes:
+        date: ISO 8601 UTC time of the measurement.
+        platform: the JAX platform (``cpu``, ``gpu``, ``tpu``).
+        device_kind: ``jax.devices()[0].device_kind``.
+        device_count: devices measured.
+        mesh: the mesh axes measured, ``{name: size}`` (a default mesh when none was given).
+        quick: a quick (few sizes and runs) or full calibration.
+        seconds: wall time the calibration took.
+        runs: timed runs per figure (medians; warm-up excluded).
+        matmul_residual: normalised RMS residual of the matmul throughput fit.
+        bandwidth_residual: normalised RMS residual of the memory bandwidth fit.
+        dispatch: seconds of a tiny jitted op on all devices (a program's fixed cost).
+        jax_version: the jax version measured with.
+    """
+
+    date: str
+    platform: str
+    device_kind: str
+    device_count: int
+    mesh: Mapping[str, int]
+    quick: bool
+    seconds: float
+    runs: int
+    matmul_residual: float
+    bandwidth_residual: float
+    dispatch: float
+    jax_version: str = ""
+
+    @property
+    def devices_text(self) -> str:
+        """``8 × cpu (cpu)``: the device set in words."""
+        return f"{self.device_count} × {self.device_kind} ({self.platform})"
+
+    def describe(self) -> str:
+        """``calibrated 2026-12-02 13:20 UTC on 8 × cpu (cpu), mesh all=8 (quick)``."""
+        when = self.date.replace("T", " ")[:16]
+        mesh = " × ".join(f"{k}={v}" for k, v in self.mesh.items()) or "-"
+        mode = "quick" if self.quick else "full"
+        return f"calibrated {when} UTC on {self.devices_text}, mesh {mesh} ({mode})"
+
+
+@dataclasses.dataclass(frozen=True)
 class DeviceProfile(_Record):
     """Peak numbers of one accelerator and its interconnect.
 
@@ -74,6 +155,11 @@ class DeviceProfile(_Record):
             into iotas, a reduce-window and a scatter, with scratch buffers for the indices
             (XLA:CPU does; GPU and TPU have a native kernel).
         source: where the numbers come from.
+        op_overhead: seconds every operation costs on top of its roofline (dispatching one
+            kernel; measured by calibration, 0 for datasheet profiles).
+        collective_fits: measured per kind (and per axis or group size) alpha-beta fits;
+            where one matches a collective it replaces ``link_latency`` and the bandwidths.
+        calibration: when, where and how the figures were measured (None: a datasheet).
     """
 
     name: str
@@ -87,6 +173,42 @@ class DeviceProfile(_Record):
     forms_reduce_scatter: bool = True
     expands_select_and_scatter: bool = False
     source: str = ""
+    op_overhead: float = 0.0
+    collective_fits: tuple[CollectiveFit, ...] = ()
+    calibration: Calibration | None = None
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the figures were measured (``shardlab.calibrate``), not a datasheet's."""
+        return self.calibration is not None
+
+    @property
+    def priced_by(self) -> str:
+        """Which figures price a plan: ``datasheet profile h100-nvlink`` or
+        ``calibrated profile … (calibrated 2026-12-02 13:20 UTC on 8 × cpu …)``."""
+        if self.calibration is None:
+            return f"datasheet profile {self.name}"
+        return f"calibrated profile {self.name} ({self.calibration.describe()})"
+
+    def describe(self) -> str:
+        """The same as ``priced_by``."""
+        return self.priced_by
+
+    def fit_for(self, kind: str, group_size: int, axes: tuple[str, ...]) -> CollectiveFit | None:
+        """The measured fit that prices ``kind`` on ``axes``: the same single axis and group
+        size, else any axis of that group size (the slowest), else the nearest group size
+        measured (``CollectiveFit.time`` rescales its latency by ring steps)."""
+        same = [f for f in self.collective_fits if f.kind == kind]
+        if not same:
+            return None
+        axis = "+".join(axes)
+        for f in same:
+            if f.axis == axis and f.group_size == group_size:
+                return f
+        sized = [f for f in same if f.group_size == group_size]
+        if sized:
+            return max(sized, key=lambda f: f.time(1e6, group_size))
+        return min(same, key=lambda f: (abs(f.group_size - group_size), -f.group_size))
 
     def bandwidth(self, axes: tuple[str, ...], kind: str | None = None) -> float:
         """Bandwidth for a collective spanning ``axes``: the slowest axis involved, and the
@@ -98,10 +220,15 @@ class DeviceProfile(_Record):
 
     def op_time(self, flops: float, nbytes: float) -> float:
         """Roofline seconds of one operation: compute- or memory-bound, whichever is slower."""
-        return max(flops / self.peak_flops, nbytes / self.memory_bandwidth)
+        roofline = max(flops / self.peak_flops, nbytes / self.memory_bandwidth)
+        return roofline + self.op_overhead if roofline > 0 else roofline
 
     def collective_time(self, kind: str, wire: float, group_size: int, axes: tuple[str, ...]):
-        """Alpha-beta seconds for one collective."""
+        """Alpha-beta seconds for one collective (a measured fit where one matches)."""
+        if group_size > 1 and self.collective_fits:
+            fit = self.fit_for(kind, group_size, tuple(axes))
+            if fit is not None:
+                return fit.time(wire, group_size)
         return self.link_latency * ring_steps(kind, group_size) + wire / self.bandwidth(axes, kind)
 
     def time_of(self, collective: Collective) -> float:
@@ -184,10 +311,70 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
 }
 
 
+CALIBRATED: dict[str, DeviceProfile] = {}
+"""Calibrated profiles by name (``shardlab.calibrate`` and ``load_profile`` register theirs),
+so a plan's ``cost.device`` name resolves to the figures that priced it."""
+
+DEFAULT_PROFILE: list[DeviceProfile] = []
+"""A profile that ``device=None`` resolves to before the backend's datasheet, on the device
+set it was measured on (the kernel's ``%calibrate --use``); empty: none."""
+
+
+def register_profile(profile: DeviceProfile) -> DeviceProfile:
+    """Makes a calibrated profile resolvable by its name (``resolve_profile``).
+
+    Raises:
+        ValueError: the name is a datasheet profile's.
+    """
+    if profile.name in DEVICE_PROFILES:
+        raise ValueError(
+            f"profile name {profile.name!r} is a datasheet profile's; name a calibrated "
+            "profile differently (e.g. 'calibrated-cpu-8')"
+        )
+    CALIBRATED[profile.name] = profile
+    return profile
+
+
+def use_profile(profile: DeviceProfile | None) -> None:
+    """Makes ``profile`` what ``device=None`` means on the devices it was measured on
+    (``None``: back to the backend's datasheet)."""
+    DEFAULT_PROFILE.clear()
+    if profile is not None:
+        DEFAULT_PROFILE.append(register_profile(profile))
+
+
+def default_profile() -> DeviceProfile | None:
+    """The profile set by ``use_profile``, if any."""
+    return DEFAULT_PROFILE[-1] if DEFAULT_PROFILE else None
+
+
+def describe_profile(name: str) -> str:
+    """A profile name (``CostBreakdown.device``) in words: datasheet or calibrated, when,
+    on which devices."""
+    profile = CALIBRATED.get(name) or DEVICE_PROFILES.get(name)
+    return profile.priced_by if profile is not None else f"profile {name}"
+
+
+def _matches_devices(profile: DeviceProfile) -> bool:
+    import jax
+
+    c = profile.calibration
+    if c is None:
+        return True
+    devices = jax.devices()
+    return c.platform == devices[0].platform and c.device_count == len(devices)
+
+
 def resolve_profile(device: str | DeviceProfile | None) -> DeviceProfile:
-    """A profile by name, the given profile, or the default for the current JAX backend."""
+    """A profile by name (datasheet or registered calibrated), the given profile, the
+    default set by ``use_profile`` (when measured on the current devices), or the
+    datasheet for the current JAX backend."""
     if isinstance(device, DeviceProfile):
         return device
+    if device is None and DEFAULT_PROFILE and _matches_devices(DEFAULT_PROFILE[-1]):
+        return DEFAULT_PROFILE[-1]
+    if isinstance(device, str) and device in CALIBRATED:
+        return CALIBRATED[device]
     if device is None:
         import jax
 
@@ -203,8 +390,9 @@ def resolve_profile(device: str | DeviceProfile | None) -> DeviceProfile:
         return DEVICE_PROFILES["h100-nvlink"]
     if device not in DEVICE_PROFILES:
         raise ValueError(
-            f"unknown device profile {device!r}; known: {', '.join(DEVICE_PROFILES)} "
-            "(or pass a DeviceProfile)"
+            f"unknown device profile {device!r}; known: "
+            f"{', '.join([*DEVICE_PROFILES, *CALIBRATED])} (or pass a DeviceProfile, e.g. "
+            "shardlab.calibrate())"
         )
     return DEVICE_PROFILES[device]
 

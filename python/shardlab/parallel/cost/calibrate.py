@@ -1,0 +1,607 @@
+"""``shardlab.calibrate``: the cost model's figures measured on the devices at hand.
+
+What is measured, all devices busy at once as in a step (so devices that share a host's
+cores, like simulated CPU devices, are measured as they share them):
+
+- per mesh axis and collective kind (all-reduce ``psum``, all-gather, reduce-scatter
+  ``psum_scatter``, all-to-all, collective-permute ``ppermute``, each in a ``shard_map``),
+  the median time over a range of result sizes, less the time of an empty program; fitted by
+  least squares to ``alpha + beta · wire bytes`` (``profiles.wire_bytes``), residuals kept;
+- achieved matmul throughput: batched matmuls split over every device, the slope of time
+  against per-device flops;
+- achieved memory bandwidth: an elementwise ``2 x + 1`` split over every device, the slope
+  of time against per-device bytes read and written;
+- per-operation overhead: the marginal time of one more small matmul chained in a program;
+  and a program's fixed cost (a tiny jitted op), which is not charged per operation.
+
+Every figure is the median of repeated runs after a warm-up run (compilation excluded),
+each ended by ``block_until_ready``. The result is a ``DeviceProfile`` whose
+``calibration`` says when, on what and how; ``save_profile``/``load_profile`` keep it as JSON
+(read with ``json`` and checked field by field, never evaluated).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from shardlab.parallel.cost.profiles import (
+    DEVICE_PROFILES,
+    Calibration,
+    CollectiveFit,
+    DeviceProfile,
+    register_profile,
+    ring_steps,
+    wire_bytes,
+)
+from shardlab.parallel.display import progress_bar
+from shardlab.parallel.records import COLLECTIVE_KINDS
+
+__all__ = ["ProfileFileError", "calibrate", "load_profile", "profile_from_dict", "save_profile"]
+
+FORMAT = "shardlab-device-profile"
+VERSION = 1
+_F32 = 4
+_NOISE_FLOOR = 50e-6  # seconds: below this, a difference of two medians is mostly noise
+
+
+class ProfileFileError(ValueError):
+    """A profile file that cannot be read: names the file and the field."""
+
+
+# Quick: 3 sizes per collective (16 KiB – 8 MiB of result per device, the range of a small
+# model's gradients) and 11 runs; full: 6 sizes and 15 runs.
+_PLANS = {
+    True: {"sizes": (16 << 10, 512 << 10, 8 << 20), "runs": 11, "matmul": (128, 192, 256)},
+    False: {
+        "sizes": (4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20),
+        "runs": 15,
+        "matmul": (128, 256, 384, 512),
+    },
+}
+# Seconds per compile-and-measure of one figure on 8 simulated CPU devices (for the estimate).
+_SECONDS_PER_FIGURE = {True: 0.12, False: 0.5}
+
+
+def _median_seconds(f: Callable[..., Any], x: Any, runs: int) -> float:
+    """Median wall seconds of ``f(x)`` over ``runs`` runs after one warm-up run."""
+    import jax
+
+    jax.block_until_ready(f(x))
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        jax.block_until_ready(f(x))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _interleaved_medians(cases: Sequence[tuple[Callable[..., Any], Any]], runs: int) -> list[float]:
+    """Median wall seconds of each ``f(x)``, timed in rounds that run every case once
+    (after one warm-up run each), so a burst of other work on the host spreads over all
+    cases instead of skewing one."""
+    import jax
+
+    for f, x in cases:
+        jax.block_until_ready(f(x))
+    times: list[list[float]] = [[] for _ in cases]
+    for _ in range(runs):
+        for i, (f, x) in enumerate(cases):
+            start = time.perf_counter()
+            jax.block_until_ready(f(x))
+            times[i].append(time.perf_counter() - start)
+    return [float(np.median(t)) for t in times]
+
+
+def _fit_line(
+    xs: Sequence[float], ys: Sequence[float], *, intercept: bool = True
+) -> tuple[float, float, float]:
+    """Weighted least squares ``y = a + b x`` (``a = 0`` without ``intercept``) minimising
+    the *relative* errors, so small and large sizes count alike; ``a >= 0`` and ``b > 0``.
+    Returns ``(a, b, residual)``, the residual the RMS relative error of the fit."""
+    x, y = np.asarray(xs, float), np.asarray(ys, float)
+    # Relative weights, floored: a sample near zero (a collective as cheap as the empty
+    # program it is measured against) is timer noise, not a figure to fit exactly.
+    w = 1.0 / np.maximum(y, max(_NOISE_FLOOR, 0.1 * float(y.max())))
+    a, b = 0.0, 0.0
+    if intercept and len(x) >= 2 and np.ptp(x) > 0:
+        design = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+        (a, b), *_ = np.linalg.lstsq(design, y * w, rcond=None)
+    if not intercept or a < 0:  # no negative latency: through the origin
+        a, b = 0.0, float(np.sum(w * w * x * y) / max(np.sum(w * w * x * x), 1e-300))
+    if b <= 0:  # time did not grow with size (noise): latency only, a tiny slope
+        a, b = float(np.median(y)), 1e-15
+    predicted = a + b * x
+    residual = float(np.sqrt(np.mean(((predicted - y) * w) ** 2)))
+    return float(a), float(b), residual
+
+
+def _collective_body(kind: str, axis: str, n: int) -> Callable[[Any], Any]:
+    from jax import lax
+
+    if kind == "all-reduce":
+        return lambda v: lax.psum(v, axis)
+    if kind == "all-gather":
+        return lambda v: lax.all_gather(v, axis, tiled=True)
+    if kind == "reduce-scatter":
+        return lambda v: lax.psum_scatter(v, axis, tiled=True)
+    if kind == "all-to-all":
+        return lambda v: lax.all_to_all(v.reshape(n, -1), axis, 0, 0, tiled=True).reshape(-1)
+    if kind == "collective-permute":
+        return lambda v: lax.ppermute(v, axis, [(i, (i + 1) % n) for i in range(n)])
+    raise ValueError(f"unknown collective kind {kind!r}; known: {', '.join(COLLECTIVE_KINDS)}")
+
+
+def _local_elements(kind: str, result_bytes: int, n: int) -> int:
+    """Per-device input elements for a collective whose larger buffer per device (the
+    result; the input for a reduce-scatter) is ``result_bytes``."""
+    elements = max(result_bytes // _F32, n)
+    if kind == "all-gather":
+        return max(elements // n, 1)
+    if kind == "reduce-scatter":  # the input is the larger buffer: ``size`` is its bytes
+        return (elements // n) * n
+    return (elements // n) * n  # all-to-all splits it in n
+
+
+def _default_meshes(devices: Sequence[Any]) -> list[Any]:
+    """All devices on one axis, and for 4 or more an ``2 × n/2`` mesh (groups of 2 and n/2),
+    so the fits cover the group sizes common meshes have."""
+    from jax.sharding import Mesh
+
+    n = len(devices)
+    meshes = [Mesh(np.array(devices).reshape(n), ("all",))]
+    if n >= 4 and n % 2 == 0:
+        meshes.append(Mesh(np.array(devices).reshape(2, n // 2), ("pairs", f"groups{n // 2}")))
+    return meshes
+
+
+def _axes_to_measure(meshes: Sequence[Any]) -> list[tuple[Any, str, int]]:
+    out, seen = [], set()
+    for mesh in meshes:
+        for name, size in dict(mesh.shape).items():
+            if size > 1 and (name, size) not in seen:
+                seen.add((name, size))
+                out.append((mesh, str(name), int(size)))
+    return out
+
+
+class _Progress:
+    def __init__(self, report: Callable[[float, str], None], total: int) -> None:
+        self.report, self.total, self.done = report, max(total, 1), 0
+
+    def step(self, message: str) -> None:
+        self.done += 1
+        self.report(min(self.done / self.total, 0.99), message)
+
+
+def _measure_collectives(
+    axes: Sequence[tuple[Any, str, int]],
+    sizes: Sequence[int],
+    runs: int,
+    progress: _Progress,
+) -> list[CollectiveFit]:
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    fits = []
+    for mesh, axis, n in axes:
+        every = tuple(mesh.axis_names)
+        spec = P(every)
+        # The program's own cost, timed in the same rounds and subtracted: what is left is
+        # the collective's (in a step, collectives share one program). It returns one
+        # element per device: the collective's result buffer is written by the collective
+        # (an identity program would copy the input and cancel that write out).
+        nothing = jax.jit(
+            jax.shard_map(lambda v: v[:1] + 0.0, mesh=mesh, in_specs=spec, out_specs=spec)
+        )
+        for kind in COLLECTIVE_KINDS:
+            body = _collective_body(kind, axis, n)
+            mapped = jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)
+            f = jax.jit(mapped)
+            cases, wires, measured = [], [], []
+            for size in sizes:
+                local = _local_elements(kind, size, n)
+                x = jax.device_put(
+                    jnp.ones((local * mesh.size,), jnp.float32), NamedSharding(mesh, spec)
+                )
+                result_bytes = math.prod(jax.eval_shape(mapped, x).shape) // mesh.size * _F32
+                cases.append((f, x))
+                wires.append(wire_bytes(kind, result_bytes, n))
+                measured.append(result_bytes)
+            *times, empty = _interleaved_medians([*cases, (nothing, cases[0][1])], runs)
+            seconds = [max(t - empty, 1e-6) for t in times]
+            del cases
+            progress.step(f"{kind} over {axis} ({n} devices)")
+            alpha, beta, residual = _fit_line(wires, seconds)
+            fits.append(
+                CollectiveFit(
+                    kind=kind,
+                    axis=axis,
+                    group_size=n,
+                    alpha=alpha,
+                    beta=beta,
+                    residual=residual,
+                    result_bytes=tuple(measured),
+                    seconds=tuple(seconds),
+                )
+            )
+    return fits
+
+
+def _measure_roofline(
+    devices: Sequence[Any], dims: Sequence[int], runs: int, progress: _Progress
+) -> tuple[float, float, float, float]:
+    """``(flop/s, residual, bytes/s, residual)`` per device, every device busy at once: the
+    slopes of time against per-device flops and bytes (the intercept, a program's fixed
+    cost, is left out)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    n = len(devices)
+    mesh = Mesh(np.array(devices).reshape(n), ("all",))
+    split = NamedSharding(mesh, P("all"))
+    batch = 2  # matmuls per device
+    matmul = jax.jit(lambda a: jnp.einsum("bij,bjk->bik", a, a))
+    cases = [
+        (matmul, jax.device_put(jnp.full((batch * n, k, k), 0.5, jnp.float32), split)) for k in dims
+    ]
+    flops = [2.0 * batch * k**3 for k in dims]
+    seconds = [max(t, 1e-6) for t in _interleaved_medians(cases, runs)]
+    progress.step("matmul throughput")
+    # Through the origin: the model charges a matmul no intercept, so the rate is the one
+    # achieved at these sizes (small matmuls run below the asymptotic rate).
+    _, slope, flop_residual = _fit_line(flops, seconds, intercept=False)
+    stream = jax.jit(lambda v: v * 2.0 + 1.0)
+    # Up to 16 MiB per device: the working set of all devices then exceeds the host's
+    # caches as a training step's does, and the slope is the memory (DRAM) bandwidth.
+    streamed = (2 << 20, 8 << 20, 16 << 20)
+    cases = [
+        (stream, jax.device_put(jnp.ones((size // _F32 * n,), jnp.float32), split))
+        for size in streamed
+    ]
+    moved = [2.0 * size for size in streamed]  # read and written
+    seconds = [max(t, 1e-6) for t in _interleaved_medians(cases, runs)]
+    del cases
+    progress.step("memory bandwidth")
+    _, byte_slope, byte_residual = _fit_line(moved, seconds)
+    return 1.0 / slope, flop_residual, 1.0 / byte_slope, byte_residual
+
+
+def _measure_overheads(
+    devices: Sequence[Any], runs: int, progress: _Progress
+) -> tuple[float, float]:
+    """``(program seconds, per-operation seconds)``: a tiny jitted op on every device, and
+    the marginal cost of one more small matmul in a chain (XLA does not fuse matmuls)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    n = len(devices)
+    mesh = Mesh(np.array(devices).reshape(n), ("all",))
+    x = jax.device_put(jnp.ones((n, 8, 8), jnp.float32), NamedSharding(mesh, P("all")))
+    tiny = jax.jit(lambda v: v + 1.0)
+
+    def chain(length: int) -> Callable[[Any], Any]:
+        def run(v: Any) -> Any:
+            for _ in range(length):
+                v = jnp.einsum("bij,bjk->bik", v, v) * 0.125
+            return v
+
+        return jax.jit(run)
+
+    short, long = 2, 34
+    t_tiny, t_short, t_long = _interleaved_medians(
+        [(tiny, x), (chain(short), x), (chain(long), x)], max(runs, 9)
+    )
+    progress.step("per-operation overhead")
+    return t_tiny, max((t_long - t_short) / (long - short), 0.0)
+
+
+def estimate_seconds(mesh: Any = None, *, quick: bool = True) -> float:
+    """A rough wall-time estimate of ``calibrate(mesh, quick=quick)`` here."""
+    import jax
+
+    devices = list(mesh.devices.flat) if mesh is not None else jax.devices()
+    meshes = [mesh] if mesh is not None else _default_meshes(devices)
+    plan = _PLANS[quick]
+    figures = len(_axes_to_measure(meshes)) * len(COLLECTIVE_KINDS) * len(plan["sizes"])
+    figures += len(plan["matmul"]) + 6
+    scale = max(len(devices) / 8, 1.0) if jax.devices()[0].platform == "cpu" else 1.0
+    return figures * _SECONDS_PER_FIGURE[quick] * scale * (1 if quick else 2)
+
+
+def calibrate(
+    mesh: Any = None,
+    *,
+    quick: bool = True,
+    progress: Callable[[float, str], None] | None = None,
+) -> DeviceProfile:
+    """Measure the current devices and return a calibrated ``DeviceProfile``.
+
+    Args:
+        mesh: a ``jax.sharding.Mesh`` whose axes to measure collectives along (its devices);
+            ``None``: all devices on one axis plus a ``2 × n/2`` mesh, so groups of n, 2
+            and n/2 devices are covered.
+        quick: 3 sizes per collective (16 KiB – 8 MiB) and 11 runs per figure (under 30 s
+            on 8 simulated CPU devices); ``False``: 6 sizes (4 KiB – 16 MiB) and 15 runs,
+            and the estimated time is said first.
+        progress: ``callback(fraction, message)``; default: the notebook's progress bar.
+
+    Returns:
+        A profile usable wherever ``device=`` is accepted (``search``, ``predict``, the
+        editor, the explorer, the timeline); it is registered by name, so plans priced with
+        it resolve back to it, and ``profile.describe()`` says when and where it was taken.
+    """
+    import jax
+
+    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+        raise ValueError(
+            f"calibrate(mesh=...) takes a jax.sharding.Mesh (shardlab.mesh(...)) or None, "
+            f"got {type(mesh).__name__}"
+        )
+    if not quick:
+        print(
+            f"shardlab.calibrate(quick=False): about {estimate_seconds(mesh, quick=False):.0f} s "
+            "(quick=True takes a few seconds)",
+            flush=True,
+        )
+    if progress is not None:
+        return _calibrate(mesh, quick, progress)
+    with progress_bar("calibrate") as bar:
+        profile = _calibrate(mesh, quick, bar)
+        c = profile.calibration
+        assert c is not None
+        bar.done(f"done: {c.devices_text} in {c.seconds:.1f} s")
+        return profile
+
+
+def _calibrate(mesh: Any, quick: bool, report: Callable[[float, str], None]) -> DeviceProfile:
+    import jax
+
+    start = time.perf_counter()
+    plan = _PLANS[quick]
+    runs = int(plan["runs"])
+    devices = list(mesh.devices.flat) if mesh is not None else jax.devices()
+    meshes = [mesh] if mesh is not None else _default_meshes(devices)
+    axes = _axes_to_measure(meshes)
+    total = len(axes) * len(COLLECTIVE_KINDS) + 3
+    steps = _Progress(report, total)
+    report(0.0, f"calibrating {len(devices)} devices")
+    dispatch, per_op = _measure_overheads(devices, runs, steps)
+    fits = _measure_collectives(axes, plan["sizes"], runs, steps)
+    flops, flop_res, bandwidth, byte_res = _measure_roofline(devices, plan["matmul"], runs, steps)
+    first = devices[0]
+    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    mesh_shape = {str(k): int(v) for m in meshes for k, v in dict(m.shape).items()}
+    calibration = Calibration(
+        date=now.isoformat().replace("+00:00", "Z"),
+        platform=str(first.platform),
+        device_kind=str(first.device_kind),
+        device_count=len(devices),
+        mesh=mesh_shape,
+        quick=quick,
+        seconds=round(time.perf_counter() - start, 2),
+        runs=runs,
+        matmul_residual=flop_res,
+        bandwidth_residual=byte_res,
+        dispatch=dispatch,
+        jax_version=str(jax.__version__),
+    )
+    all_reduce = [f for f in fits if f.kind == "all-reduce"]
+    widest = max(all_reduce, key=lambda f: f.group_size) if all_reduce else None
+    kinds = {}
+    for kind in COLLECTIVE_KINDS:
+        of_kind = [f for f in fits if f.kind == kind]
+        if of_kind:
+            kinds[kind] = 1.0 / max(f.beta for f in of_kind)
+    profile = DeviceProfile(
+        name=f"calibrated-{first.platform}{len(devices)}-{now.strftime('%Y%m%dT%H%M%S')}",
+        peak_flops=flops,
+        memory_bytes=_memory_bytes(first),
+        memory_bandwidth=bandwidth,
+        link_bandwidth=kinds.get("all-reduce", 10e9),
+        # Per ring step, from the widest all-reduce (used where no fit applies).
+        link_latency=(
+            widest.alpha / ring_steps("all-reduce", widest.group_size) if widest else 10e-6
+        ),
+        kind_bandwidth=kinds,
+        forms_reduce_scatter=first.platform != "cpu",
+        expands_select_and_scatter=first.platform == "cpu",
+        source=f"shardlab.calibrate(quick={quick}) on {calibration.devices_text}",
+        op_overhead=per_op,
+        collective_fits=tuple(fits),
+        calibration=calibration,
+    )
+    report(1.0, "done")
+    return register_profile(profile)
+
+
+def _memory_bytes(device: Any) -> int:
+    stats = None
+    try:
+        stats = device.memory_stats()
+    except Exception:  # not every backend reports it
+        stats = None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"])
+    pages = os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    return int(pages * os.sysconf("SC_PAGE_SIZE")) if pages else 16 * 1024**3
+
+
+# -- JSON -------------------------------------------------------------------------------------
+
+
+def save_profile(profile: DeviceProfile, path: str | os.PathLike[str]) -> str:
+    """Write ``profile`` as JSON; returns the path."""
+    data = {"format": FORMAT, "version": VERSION, "profile": profile.to_dict()}
+    with open(path, "w") as handle:
+        json.dump(data, handle, indent=1)
+    return os.fspath(path)
+
+
+def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
+    """Read a profile written by ``save_profile``, checking every field.
+
+    Raises:
+        ProfileFileError: the file is not JSON, not a profile, or a field is missing or
+            has the wrong type or an impossible value (the message names it).
+    """
+    where = os.fspath(path)
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except OSError as error:
+        raise ProfileFileError(f"{where}: cannot read the profile file ({error})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ProfileFileError(f"{where}: not a JSON profile file ({error})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ProfileFileError(
+            f"{where}: not a shardlab profile (expected 'format': {FORMAT!r}; write one with "
+            "save_profile(shardlab.calibrate(), path))"
+        )
+    if data.get("version") != VERSION:
+        raise ProfileFileError(
+            f"{where}: field 'version' is {data.get('version')!r}; this shardlab reads {VERSION}"
+        )
+    profile = profile_from_dict(data.get("profile"), where=where)
+    if profile.calibration is None:
+        return profile
+    if profile.name in DEVICE_PROFILES:
+        raise ProfileFileError(
+            f"{where}: field 'name' is {profile.name!r}, a datasheet profile's name; a "
+            "calibrated profile needs its own (e.g. 'calibrated-cpu8-20261202T131500')"
+        )
+    return register_profile(profile)
+
+
+def _field(data: Mapping[str, Any], name: str, kind: Any, where: str, *, positive=False) -> Any:
+    if name not in data:
+        raise ProfileFileError(f"{where}: field {name!r} is missing")
+    value = data[name]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+    if ok and float in kinds and isinstance(value, (int, float)):
+        ok = math.isfinite(value) and value >= 0 and (value > 0 or not positive)
+    if not ok:
+        expected = (
+            "a positive finite number" if positive else " or ".join(k.__name__ for k in kinds)
+        )
+        raise ProfileFileError(f"{where}: field {name!r} is {value!r}, expected {expected}")
+    return value
+
+
+def _number_map(data: Mapping[str, Any], name: str, where: str) -> dict[str, float]:
+    value = _field(data, name, dict, where)
+    out = {}
+    for key, number in value.items():
+        _field(value, key, (int, float), f"{where}: {name}", positive=True)
+        out[str(key)] = float(number)
+    return out
+
+
+def profile_from_dict(data: Any, *, where: str = "profile") -> DeviceProfile:
+    """A ``DeviceProfile`` from its ``to_dict()`` form, every field checked.
+
+    Raises:
+        ProfileFileError: a field is missing, of the wrong type or out of range.
+    """
+    if not isinstance(data, dict):
+        raise ProfileFileError(f"{where}: field 'profile' is {type(data).__name__}, not an object")
+    num = (int, float)
+    fits = []
+    raw_fits = _field(data, "collective_fits", list, where)
+    for i, fit in enumerate(raw_fits):
+        at = f"{where}: collective_fits[{i}]"
+        if not isinstance(fit, dict):
+            raise ProfileFileError(f"{at} is {fit!r}, expected an object")
+        kind = _field(fit, "kind", str, at)
+        if kind not in COLLECTIVE_KINDS:
+            raise ProfileFileError(
+                f"{at}: field 'kind' is {kind!r}; known: {', '.join(COLLECTIVE_KINDS)}"
+            )
+        group = _field(fit, "group_size", int, at)
+        if group < 2:
+            raise ProfileFileError(f"{at}: field 'group_size' is {group!r}, expected 2 or more")
+        sizes = _field(fit, "result_bytes", list, at)
+        seconds = _field(fit, "seconds", list, at)
+        for j, s in enumerate(sizes):
+            _field({"result_bytes": s}, "result_bytes", int, f"{at}[{j}]")
+        for j, s in enumerate(seconds):
+            _field({"seconds": s}, "seconds", num, f"{at}[{j}]", positive=True)
+        fits.append(
+            CollectiveFit(
+                kind=kind,
+                axis=_field(fit, "axis", str, at),
+                group_size=group,
+                alpha=float(_field(fit, "alpha", num, at)),
+                beta=float(_field(fit, "beta", num, at, positive=True)),
+                residual=float(_field(fit, "residual", num, at)),
+                result_bytes=tuple(int(s) for s in sizes),
+                seconds=tuple(float(s) for s in seconds),
+            )
+        )
+    raw = data.get("calibration")
+    calibration = None
+    if raw is not None:
+        at = f"{where}: calibration"
+        if not isinstance(raw, dict):
+            raise ProfileFileError(f"{at} is {raw!r}, expected an object or null")
+        date = _field(raw, "date", str, at)
+        try:
+            datetime.datetime.fromisoformat(date.replace("Z", "+00:00"))
+        except ValueError:
+            raise ProfileFileError(
+                f"{at}: field 'date' is {date!r}, expected ISO 8601 (2026-12-02T13:00:00Z)"
+            ) from None
+        mesh = _field(raw, "mesh", dict, at)
+        for axis, size in mesh.items():
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                raise ProfileFileError(f"{at}: mesh axis {axis!r} has size {size!r}")
+        count = _field(raw, "device_count", int, at)
+        if count < 1:
+            raise ProfileFileError(f"{at}: field 'device_count' is {count!r}, expected ≥ 1")
+        calibration = Calibration(
+            date=date,
+            platform=_field(raw, "platform", str, at),
+            device_kind=_field(raw, "device_kind", str, at),
+            device_count=count,
+            mesh={str(k): int(v) for k, v in mesh.items()},
+            quick=_field(raw, "quick", bool, at),
+            seconds=float(_field(raw, "seconds", num, at)),
+            runs=_field(raw, "runs", int, at),
+            matmul_residual=float(_field(raw, "matmul_residual", num, at)),
+            bandwidth_residual=float(_field(raw, "bandwidth_residual", num, at)),
+            dispatch=float(_field(raw, "dispatch", num, at)),
+            jax_version=str(raw.get("jax_version", "")),
+        )
+    name = _field(data, "name", str, where)
+    if not name:
+        raise ProfileFileError(f"{where}: field 'name' is empty")
+    return DeviceProfile(
+        name=name,
+        peak_flops=float(_field(data, "peak_flops", num, where, positive=True)),
+        memory_bytes=int(_field(data, "memory_bytes", num, where, positive=True)),
+        memory_bandwidth=float(_field(data, "memory_bandwidth", num, where, positive=True)),
+        link_bandwidth=float(_field(data, "link_bandwidth", num, where, positive=True)),
+        link_latency=float(_field(data, "link_latency", num, where)),
+        axis_bandwidth=_number_map(data, "axis_bandwidth", where),
+        kind_bandwidth=_number_map(data, "kind_bandwidth", where),
+        forms_reduce_scatter=_field(data, "forms_reduce_scatter", bool, where),
+        expands_select_and_scatter=_field(data, "expands_select_and_scatter", bool, where),
+        source=_field(data, "source", str, where),
+        op_overhead=float(_field(data, "op_overhead", num, where)),
+        collective_fits=tuple(fits),
+        calibration=calibration,
+    )
