@@ -125,9 +125,8 @@ def _walk(g: OpGraph, state: list[State], fixed: dict[int, State], m: int) -> di
                 state[v] = SUM
             else:
                 raise _NotSeparable(node, "it drops the batch dim without summing over it")
-        for v in node.outputs:
-            if v in fixed and fixed[v] != state[v]:
-                state[v] = fixed[v]
+        for v in node.outputs:  # promoted earlier, now computed from the batch: not sliced
+            fixed.pop(v, None)
     return {}
 
 
