@@ -274,7 +274,12 @@ def choose_pipeline(
         )
     graph = traced.graph
     any_layout = [L.replicated(len(graph.shapes[v])) for v in graph.inputs]
-    times, _ = layer_times(graph, any_layout, sizes, profile, axis=axis)  # raises: no scan
+    try:
+        times, _ = layer_times(graph, any_layout, sizes, profile, axis=axis)
+    except SearchError as e:  # no repeated layer scan: an error when stages were asked for
+        if pipeline == "auto":
+            return answer(f"no stages: {e}")
+        raise
     n = times.layers
     size = sizes[axis]
     if isinstance(pipeline, int):
