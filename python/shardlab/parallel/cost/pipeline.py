@@ -456,6 +456,7 @@ def predict_pipeline(
     device: str | DeviceProfile | None = None,
     policy: str | None = None,
     assignment: Sequence[int] | None = None,
+    layers: tuple[LayerTimes, CostBreakdown] | None = None,
 ) -> PipelineCost:
     """The cost of running ``plan_or_binding``'s step with ``spec``'s pipeline.
 
@@ -467,6 +468,8 @@ def predict_pipeline(
         device: the device profile (default: the plan's, else by backend).
         policy: remat policy of the layer scan (default: the plan's, else ``none``).
         assignment: layers per stage (default: equal, ``layers / stages`` each).
+        layers: ``layer_times(...)`` of these layouts already computed (they do not depend
+            on the stages, microbatches or schedule).
 
     Raises:
         SearchError: no layer scan, stages that do not divide the layers, microbatches that
@@ -492,7 +495,7 @@ def predict_pipeline(
         )
     remat = getattr(plan_or_binding, "remat", None)
     kept: str = policy or (remat.policy if remat is not None else "none")
-    times, flat = layer_times(
+    times, flat = layers or layer_times(
         graph, input_layouts, sizes, profile, axis=spec.axis, scans=spec.scans, policy=kept
     )
     p, m, n = spec.stages, spec.microbatches, times.layers

@@ -247,20 +247,26 @@ def choose_pipeline(
         raise SearchError(f"pipeline={pipeline!r}: use 'auto', False or a number of stages")
     profile = resolve_profile(device)
     traced = trace(fn, *args)
-    plans = baselines(fn, *args, mesh=mesh, device=profile, traced=traced)
     budget = math.inf if memory_budget is None else float(memory_budget)
-    fitting = {k: p for k, p in plans.items() if p.cost.memory.peak <= budget}
-    base_name, base = (
-        min(fitting.items(), key=lambda kv: kv[1].cost.time) if fitting else ("", None)
-    )
-    base_time = base.cost.time if base is not None else math.inf
+    made: dict[str, Any] = {}
+
+    def unpipelined() -> tuple[dict[str, Any], str, float]:
+        """The baselines (made once, after the arguments were checked), the fastest that
+        fits and its time."""
+        if not made:
+            plans = baselines(fn, *args, mesh=mesh, device=profile, traced=traced)
+            fitting = {k: p for k, p in plans.items() if p.cost.memory.peak <= budget}
+            name, base = (
+                min(fitting.items(), key=lambda kv: kv[1].cost.time) if fitting else ("", None)
+            )
+            made.update(plans=plans, name=name, time=base.cost.time if base else math.inf)
+        return made["plans"], made["name"], made["time"]
 
     def answer(reason: str, **kw: Any) -> PipelineChoice:
         fields = {"spec": None, "cost": None, "tried": (), "stages": None}
         fields.update(kw)
-        return PipelineChoice(
-            unpipelined_time=base_time, unpipelined=base_name, reason=reason, **fields
-        )
+        _, name, seconds = unpipelined()
+        return PipelineChoice(unpipelined_time=seconds, unpipelined=name, reason=reason, **fields)
 
     if pipeline is False:
         return answer("pipeline=False")
@@ -311,17 +317,20 @@ def choose_pipeline(
         micro = [microbatches]
     else:
         micro = _divisors(rows)
+    plans, base_name, base_time = unpipelined()
     tried = []
     best: PipelineCost | None = None
     best_layout = ""
     for name, plan in plans.items():
         if name == "replicated":
             continue
+        ins = list(plan.input_specs)
+        layers = layer_times(graph, ins, sizes, profile, axis=axis)
         for p in stage_counts:
             for m in micro:
                 for schedule in schedules:
                     spec = PipelineSpec(p, m, axis=axis, schedule=schedule)
-                    got = predict_pipeline(plan, spec, device=profile)
+                    got = predict_pipeline(plan, spec, device=profile, layers=layers)
                     tried.append((p, m, schedule, name, got.time, got.cost.memory.peak))
                     if got.cost.memory.peak > budget:
                         continue
