@@ -238,3 +238,41 @@ def with_remat(plan: Plan, spec: RematSpec | str) -> Plan:
         f"{got.recompute_flops:.3g} flops recomputed per device"
     )
     return dataclasses.replace(plan, remat=spec, cost=cost, notes=(*plan.notes, note))
+
+
+def _measure(layers: int = 4, batch: int = 32, seq: int = 32, d: int = 64) -> None:
+    """Print compiled vs predicted memory and recompute per policy for ``gpt_scan(layers)``
+    under data parallelism on all devices (the figures in ``docs/remat.md``)."""
+    import re
+
+    from shardlab.examples.transformer import gpt_scan
+    from shardlab.parallel.mesh import mesh as make_mesh
+    from shardlab.parallel.search.baselines import data_parallel
+
+    case = gpt_scan(layers, batch=batch, seq=seq, d=d)
+    mesh = make_mesh(data=len(jax.devices()))
+    base = data_parallel(case.fn, *case.args, mesh=mesh)
+    print(f"gpt_scan({layers}, batch={batch}, seq={seq}, d={d}), data parallel on {mesh.size}")
+    print("policy   temp      total     predicted  pred/total  flops      dots  +flops/layer pred")
+    plain = None
+    for policy in POLICIES:
+        plan = with_remat(base, policy)
+        compiled = plan.jit().lower(*case.args).compile()
+        mem = compiled.memory_analysis()
+        cost = compiled.cost_analysis()
+        cost = cost if isinstance(cost, dict) else cost[0]
+        total = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
+        dots = len(re.findall(r"\bdot\(", compiled.as_text()))
+        plain = plain or (cost["flops"], plan.cost.flops)
+        extra = (plan.cost.flops - plain[1]) / layers
+        print(
+            f"{policy:8} {mem.temp_size_in_bytes:<9} {total:<9} {plan.cost.memory.peak:<10} "
+            f"{plan.cost.memory.peak / total:<11.3f} {cost['flops']:<10.4g} {dots:<5} "
+            f"{cost['flops'] - plain[0]:.4g} {extra:.4g}"
+        )
+
+
+if __name__ == "__main__":  # python -m shardlab.parallel.plan.remat [layers]
+    import sys
+
+    _measure(int(sys.argv[1]) if len(sys.argv) > 1 else 4)
