@@ -408,7 +408,9 @@ class PipelineCost(_Record):
             (``2 (m + p - 1)`` shifts for a train step, ``m + p - 1`` forward only, + 1 for
             the last stage's carry leaving the pipeline).
         permute_bytes: per-device bytes of those per step.
-        in_flight_bytes: per device, the peak in-flight residuals of the busiest stage.
+        in_flight_bytes: per device, the residuals the busiest stage holds at its peak: its
+            in-flight microbatches' (1F1B), or for GPipe all ``m + p - 1`` iterations' of
+            the SPMD loop, whose backward is the loop's autodiff.
         outside_time: seconds outside the pipeline (prologue/epilogue/optimizer, once).
         cost: a ``CostBreakdown`` comparable with unpipelined plans: ``time`` is the step
             (outside + pipelined step; ``compute_time`` includes the bubbles), memory the
@@ -538,9 +540,16 @@ def predict_pipeline(
     saved = stacked_bytes - stacked_bytes // p
     tied_out = saved  # updated parameters and state leave in the same split
     residual_total = sum(times.residual_bytes)
-    stage_res = [sum(times.residual_bytes[bounds[s] : bounds[s + 1]]) // m for s in range(p)]
-    in_flight_bytes = max(c * r for c, r in zip(sim.in_flight, stage_res, strict=True))
-    rest = max(0, flat.memory.activations - residual_total) // m
+    # A microbatch too small to split over the carry's batch axes is held whole.
+    whole = microbatch_bytes(times, m) / max(1, times.activation_bytes) * m
+    stage_res = [
+        int(sum(times.residual_bytes[bounds[s] : bounds[s + 1]]) / m * whole) for s in range(p)
+    ]
+    # The SPMD GPipe loop (plan/pipeline.py) differentiates m + p - 1 iterations, so its
+    # backward keeps the residuals of every iteration, the bubbles' too.
+    held = [m + p - 1] * p if spec.schedule == "gpipe" and p > 1 and train else list(sim.in_flight)
+    in_flight_bytes = max(c * r for c, r in zip(held, stage_res, strict=True))
+    rest = int(max(0, flat.memory.activations - residual_total) / m * whole)
     params = max(0, flat.memory.parameters - saved)
     outs = max(0, flat.memory.outputs - tied_out)
     memory = DeviceMemoryEstimate(
