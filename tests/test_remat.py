@@ -23,7 +23,7 @@ POLICIES = ("none", "dots", "nothing")
 # figures) are the same, the compile is ~3x faster.
 FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 # Residuals dominate at this size: batch 32 x seq 32 (4 sequences per device), width 64.
-DIMS = {"batch": 32, "seq": 32, "d": 64}
+BATCH, SEQ, WIDTH = 32, 32, 64
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def _compiled(plan, args):
 
 @pytest.fixture(scope="module", params=[4, 8], ids=lambda n: f"gpt_scan{n}")
 def measured(request, mesh8):
-    case = gpt_scan(request.param, **DIMS)
+    case = gpt_scan(request.param, batch=BATCH, seq=SEQ, d=WIDTH)
     base = data_parallel(case.fn, *case.args, mesh=mesh8)
     ref = jax.jit(case.fn, compiler_options=FAST)(*case.args)
     got = {}
@@ -153,3 +153,17 @@ def test_bad_input(small, mesh8):
     unrolled = data_parallel(loop.fn, *loop.args, mesh=mesh8)
     with pytest.raises(SearchError, match=r"lax\.scan.*nnx\.scan.*jax\.checkpoint"):
         with_remat(unrolled, "nothing")
+
+
+def test_composes_with_pipeline(small):
+    """Remat wraps the pipelined scans' runners (plan/pipeline.py): still the plain step."""
+    from shardlab.parallel.plan.pipeline import with_pipeline
+    from shardlab.parallel.records import PipelineSpec
+
+    case, _ = small
+    mesh = make_mesh(stage=2, data=4)
+    plan = data_parallel(case.fn, *case.args, mesh=mesh, axes=("data",))
+    plan = with_remat(with_pipeline(plan, PipelineSpec(stages=2, microbatches=2)), "nothing")
+    assert plan.pipeline is not None and plan.remat == RematSpec("nothing")
+    out, _ = _compiled(plan, case.args)
+    _equal(out, jax.jit(case.fn, compiler_options=FAST)(*case.args))
