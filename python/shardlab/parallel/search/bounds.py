@@ -79,14 +79,14 @@ def check_budget(graph: OpGraph, sizes: Mapping[str, int], budget: float) -> Mem
     if budget < bound.lower_bound:
         mib = 2**20
         raise SearchError(
-            f"memory_budget={budget:.0f} bytes per device is below what any plan can reach: "
-            f"the arguments and outputs alone take {bound.replicated} B "
-            f"({bound.replicated / mib:.2f} MiB) per device unsharded and at least "
-            f"{bound.sharded} B ({bound.sharded / mib:.2f} MiB) split as finely as their "
-            f"dimensions allow over all {bound.devices} devices (sharding: ZeRO-3 / tensor "
-            "splits); full rematerialisation and pipeline stages can only bring the "
-            "activations towards 0 B on top of that. Raise the budget to at least "
-            f"{bound.lower_bound} B, or use a larger mesh. (Refused from a lower bound: "
-            "nothing was searched or compiled.)"
+            f"no plan fits memory_budget={budget:.0f} bytes per device: the smallest "
+            f"per-device memory any plan can reach is at least {bound.lower_bound} B "
+            f"({bound.lower_bound / mib:.2f} MiB), from a lower bound (nothing was searched "
+            f"or compiled). The arguments and outputs take {bound.replicated} B "
+            f"({bound.replicated / mib:.2f} MiB) per device unsharded and {bound.sharded} B "
+            f"split as finely as their dimensions allow over all {bound.devices} devices "
+            "(sharding: ZeRO-3 / tensor splits); full rematerialisation and pipeline stages "
+            "can only bring the activations towards 0 B on top of that. Raise the budget to "
+            f"at least {bound.lower_bound} B, or use a larger mesh."
         )
     return bound
