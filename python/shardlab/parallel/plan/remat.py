@@ -24,7 +24,7 @@ dataflow; a residual read outside the backward scan is refused.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -44,7 +44,11 @@ from shardlab.parallel.cost.remat import (
 )
 from shardlab.parallel.display import human_bytes
 from shardlab.parallel.errors import SearchError
+
+# ``_bind``: the interpreter's one way to re-bind an equation (in its source context, so the
+# recomputed operations name the user's line in the compiled program).
 from shardlab.parallel.graph.interpret import ScanRunner
+from shardlab.parallel.graph.interpret import _bind as bind_equation
 from shardlab.parallel.graph.opgraph import OpGraph, ScanGroup
 from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.plan.plan import Plan
@@ -133,6 +137,13 @@ def _backward_runner(
     # kept residuals: forward body var -> backward xs position (to start recomputing from)
     known = {ys_f[k]: js[0] for k, js in pair.residuals.items() if k in kept and js}
     order = recomputed_nodes(fwd, pair, policy)
+    synthetic = [body.nodes[i].primitive for i in order if body.nodes[i].eqn is None]
+    if synthetic:
+        raise SearchError(
+            f"remat: the layer scan {pair.forward}'s body has operations made by the graph "
+            f"builder ({', '.join(sorted(set(synthetic)))}), which cannot be re-evaluated; "
+            "use remat policy 'none', or jax.checkpoint inside the layer"
+        )
 
     def runner(step: Any, init: Any, xs: Any, *, length: int, reverse: bool, unroll: Any):
         if "inputs" not in state:
@@ -158,7 +169,7 @@ def _backward_runner(
             env.update({v: full[j] for v, j in known.items()})
             for i in order:
                 node = body.nodes[i]
-                outs = _bind(
+                outs = bind_equation(
                     node.eqn, [env[v] if v in env else body.literal[v] for v in node.inputs]
                 )
                 env.update(zip(node.outputs, outs, strict=True))
@@ -170,14 +181,6 @@ def _backward_runner(
         return run(recomputing, init, stacked, length=length, reverse=reverse, unroll=unroll)
 
     return runner
-
-
-def _bind(eqn: Any, invals: Sequence[Any]) -> list[Any]:
-    got = eqn.primitive.get_bind_params(eqn.params)
-    subfuns, params = got if isinstance(got, tuple) else ((), got)
-    with eqn.ctx.manager:
-        out = eqn.primitive.bind(*subfuns, *invals, **params)
-    return list(out) if eqn.primitive.multiple_results else [out]
 
 
 def plan_remat_cost(plan: Plan, spec: RematSpec) -> RematCost:
