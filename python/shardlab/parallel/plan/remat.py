@@ -243,19 +243,37 @@ def with_remat(plan: Plan, spec: RematSpec | str) -> Plan:
     return dataclasses.replace(plan, remat=spec, cost=cost, notes=(*plan.notes, note))
 
 
-def _measure(layers: int = 4, batch: int = 32, seq: int = 32, d: int = 64) -> None:
-    """Print compiled vs predicted memory and recompute per policy for ``gpt_scan(layers)``
-    under data parallelism on all devices (the figures in ``docs/remat.md``)."""
+def _measure(model: str = "4", batch: int = 32, seq: int = 32, d: int = 64) -> None:
+    """Print compiled vs predicted memory and recompute per policy (the figures in
+    ``docs/remat.md``): ``model`` is a layer count (``gpt_scan(layers)``, data parallel on
+    all devices), ``nnx`` (the corpus's nnx scan) or ``pipeline`` (``gpt_scan(4)`` on stage
+    2 x data 4, 2 microbatches)."""
     import re
 
     from shardlab.examples.transformer import gpt_scan
     from shardlab.parallel.mesh import mesh as make_mesh
     from shardlab.parallel.search.baselines import data_parallel
 
-    case = gpt_scan(layers, batch=batch, seq=seq, d=d)
-    mesh = make_mesh(data=len(jax.devices()))
-    base = data_parallel(case.fn, *case.args, mesh=mesh)
-    print(f"gpt_scan({layers}, batch={batch}, seq={seq}, d={d}), data parallel on {mesh.size}")
+    n = len(jax.devices())
+    if model == "nnx":
+        from shardlab.bench.corpus.models import nnx_scan
+
+        case, layers = nnx_scan(), 3
+        base = data_parallel(case.fn, *case.args, mesh=make_mesh(data=n))
+    elif model == "pipeline":
+        from shardlab.parallel.plan.pipeline import with_pipeline
+        from shardlab.parallel.records import PipelineSpec
+
+        case, layers = gpt_scan(4), 4
+        base = data_parallel(
+            case.fn, *case.args, mesh=make_mesh(stage=2, data=n // 2), axes=("data",)
+        )
+        base = with_pipeline(base, PipelineSpec(stages=2, microbatches=2))
+    else:
+        layers = int(model)
+        case = gpt_scan(layers, batch=batch, seq=seq, d=d)
+        base = data_parallel(case.fn, *case.args, mesh=make_mesh(data=n))
+    print(f"{case.name}, {base.method} on {base.mesh_shape}")
     print("policy   temp      total     predicted  pred/total  flops      dots  +flops/layer pred")
     plain = None
     for policy in POLICIES:
@@ -275,7 +293,7 @@ def _measure(layers: int = 4, batch: int = 32, seq: int = 32, d: int = 64) -> No
         )
 
 
-if __name__ == "__main__":  # python -m shardlab.parallel.plan.remat [layers]
+if __name__ == "__main__":  # python -m shardlab.parallel.plan.remat [layers | nnx | pipeline]
     import sys
 
-    _measure(int(sys.argv[1]) if len(sys.argv) > 1 else 4)
+    _measure(sys.argv[1] if len(sys.argv) > 1 else "4")
