@@ -246,8 +246,8 @@ def with_remat(plan: Plan, spec: RematSpec | str) -> Plan:
 def _measure(model: str = "4", batch: int = 32, seq: int = 32, d: int = 64) -> None:
     """Print compiled vs predicted memory and recompute per policy (the figures in
     ``docs/remat.md``): ``model`` is a layer count (``gpt_scan(layers)``, data parallel on
-    all devices), ``nnx`` (the corpus's nnx scan) or ``pipeline`` (``gpt_scan(4)`` on stage
-    2 x data 4, 2 microbatches)."""
+    all devices), ``nnx`` (the corpus's nnx scan), ``pipeline`` (``gpt_scan(4)`` on stage
+    2 x data 4, 2 microbatches) or ``megatron`` (``gpt_scan(4)``, data 2 x model 4)."""
     import re
 
     from shardlab.examples.transformer import gpt_scan
@@ -269,6 +269,12 @@ def _measure(model: str = "4", batch: int = 32, seq: int = 32, d: int = 64) -> N
             case.fn, *case.args, mesh=make_mesh(stage=2, data=n // 2), axes=("data",)
         )
         base = with_pipeline(base, PipelineSpec(stages=2, microbatches=2))
+    elif model == "megatron":
+        from shardlab.parallel.search.baselines import megatron
+
+        case, layers = gpt_scan(4, batch=batch, seq=seq, d=d), 4
+        mesh = make_mesh(data=2, model=n // 2)
+        base = megatron(case.fn, *case.args, mesh=mesh, data_axes=("data",))
     else:
         layers = int(model)
         case = gpt_scan(layers, batch=batch, seq=seq, d=d)
@@ -293,7 +299,9 @@ def _measure(model: str = "4", batch: int = 32, seq: int = 32, d: int = 64) -> N
         )
 
 
-if __name__ == "__main__":  # python -m shardlab.parallel.plan.remat [layers | nnx | pipeline]
+if (
+    __name__ == "__main__"
+):  # python -m shardlab.parallel.plan.remat [layers | nnx | pipeline | megatron]
     import sys
 
     _measure(sys.argv[1] if len(sys.argv) > 1 else "4")
