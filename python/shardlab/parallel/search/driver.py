@@ -20,6 +20,7 @@ from typing import Any
 
 from jax.sharding import Mesh
 
+from shardlab.parallel.cost.pipeline import predict_pipeline
 from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile
 from shardlab.parallel.cost.propagate import propagate
 from shardlab.parallel.display import search_finish, with_progress
@@ -27,7 +28,9 @@ from shardlab.parallel.errors import SearchError
 from shardlab.parallel.graph.trace import Traced, trace
 from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.plan.binding import Binding
+from shardlab.parallel.plan.pipeline import with_pipeline
 from shardlab.parallel.plan.plan import Plan
+from shardlab.parallel.records import PipelineSpec
 from shardlab.parallel.search.annotations import resolve_annotations
 from shardlab.parallel.search.baselines import baselines
 from shardlab.parallel.search.bounds import check_budget
@@ -43,6 +46,7 @@ from shardlab.parallel.search.ilp import ilp_size
 from shardlab.parallel.search.methods import Best, Solver
 from shardlab.parallel.search.scan_ties import tie_scan_choices
 from shardlab.parallel.search.space import Space
+from shardlab.parallel.search.stages import PipelineChoice, choose_pipeline
 
 METHODS = ("auto", "propagate", "recursive", "ilp")
 ILP_MAX_VARIABLES = 20_000
@@ -81,6 +85,8 @@ def search(
     time_limit: float = 30.0,
     verify_budget: bool | None = None,
     confirm: bool | str | None = None,
+    pipeline: str | bool | int | None = None,
+    microbatches: int | None = None,
 ) -> Plan:
     """Search a sharding strategy for ``fn(*args)`` on ``mesh``.
 
@@ -151,6 +157,20 @@ def search(
     report(0.1, f"{len(graph.nodes)} equations traced")
     if memory_budget is not None:  # refuse an impossible budget before searching
         check_budget(graph, sizes, float(memory_budget))
+    if pipeline is None:
+        pipeline = "auto" if "stage" in sizes else False
+    staging = None
+    if pipeline is not False:  # bad stage or microbatch counts fail before searching
+        report(0.12, "pricing pipeline stages")
+        staging = choose_pipeline(
+            fn,
+            *args,
+            mesh=mesh,
+            memory_budget=memory_budget,
+            pipeline=pipeline,
+            microbatches=microbatches,
+            device=profile,
+        )
     space = build_space(graph, sizes, profile, fixed_inputs=fixed, ties=ties)
     report(0.3, f"{len(space.units)} decisions, {len(space.edges)} edges")
     notes: list[str] = []
@@ -241,8 +261,57 @@ def search(
     else:
         why = f"{notes[-1]} after 3 tightened searches"
         plan = _compiled_baseline(problem, budget_bytes, used, notes, why)
+    if staging is not None:
+        plan = _with_stages(plan, problem, staging, pipeline, memory_budget)
     report(1.0, "done")
     return dataclasses.replace(plan, search_time=time.perf_counter() - start)
+
+
+def _with_stages(
+    plan: Plan,
+    problem: _Problem,
+    choice: PipelineChoice,
+    pipeline: str | bool | int,
+    memory_budget: float | None,
+) -> Plan:
+    """``plan``, or a pipelined baseline when stages pay (``"auto"``) or were asked for (a
+    number): the best pipeline the schedule simulator priced (``choice``) within the
+    budget, its cost the simulator's, its notes saying what was compared."""
+    budget = float("inf") if memory_budget is None else float(memory_budget)
+    fitting = [row for row in choice.tried if row[5] <= budget]
+    if not fitting:
+        if pipeline == "auto":
+            return dataclasses.replace(plan, notes=(*plan.notes, f"pipeline: {choice.reason}"))
+        raise SearchError(
+            f"pipeline={pipeline}: no pipelined plan fits memory_budget={budget:.0f} bytes "
+            f"per device ({choice.reason}); try more microbatches, remat, or a larger budget"
+        )
+    stages, micro, schedule, layout, seconds, _ = min(fitting, key=lambda row: row[4])
+    if pipeline == "auto" and seconds >= plan.cost.time:
+        note = (
+            f"pipeline: stages do not pay: the best pipeline ({stages} stages × {micro} "
+            f"microbatches, {schedule}, {layout} inside) is predicted at "
+            f"{seconds * 1e3:.3f} ms, this plan at {plan.cost.time * 1e3:.3f} ms"
+        )
+        return dataclasses.replace(plan, notes=(*plan.notes, note))
+    spec = PipelineSpec(stages, micro, schedule=schedule)
+    base = problem.baselines[layout]
+    priced = predict_pipeline(base, spec, device=problem.profile)
+    piped = with_pipeline(base, spec)
+    note = (
+        f"pipeline: {stages} stages × {micro} microbatches ({schedule}, {layout} inside each "
+        f"stage) predicted at {priced.time * 1e3:.3f} ms against {plan.cost.time * 1e3:.3f} ms "
+        f"for the unpipelined {plan.method}"
+    )
+    extra = (choice.stages.note,) if choice.stages is not None else ()
+    return dataclasses.replace(
+        piped,
+        method=f"{plan.method}→pipeline+{layout}",
+        cost=priced.cost,
+        optimal=None,
+        notes=(*plan.notes, *piped.notes, note, *extra, *priced.notes),
+        memory_budget=plan.memory_budget,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
