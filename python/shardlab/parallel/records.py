@@ -328,13 +328,15 @@ class PipelineSpec(_Record):
 @dataclasses.dataclass(frozen=True)
 class RematSpec(_Record):
     """Rematerialisation of a plan's layer scans: what the forward scan keeps for the
-    backward one, the rest recomputed in the backward scan (``plan/remat.py``).
+    backward one, the rest recomputed in the backward scan (``plan/remat.py``; priced by
+    ``cost/remat.py``; ``with_remat`` sets it with the cost).
 
     Attributes:
-        policy: ``none`` (keep every residual), ``dots`` (keep the matmul outputs, as
-            ``jax.checkpoint_policies.dots_saveable``), ``nothing`` (keep only each layer's
-            input: ``nothing_saveable``).
-        scans: the forward scan groups this applies to; empty: every layer scan.
+        policy: ``none`` (keep every residual), ``dots`` (keep the matmul outputs and each
+            layer's input, as ``jax.checkpoint_policies.dots_saveable``), ``nothing`` (keep
+            only each layer's input: ``nothing_saveable``).
+        scans: the forward layer scans (``OpGraph.scan_groups`` indices) this applies to;
+            empty: every layer scan.
     """
 
     policy: str
