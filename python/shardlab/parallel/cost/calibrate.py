@@ -4,9 +4,11 @@ What is measured, all devices busy at once as in a step (so devices that share a
 cores, like simulated CPU devices, are measured as they share them):
 
 - per mesh axis and collective kind (all-reduce ``psum``, all-gather, reduce-scatter
-  ``psum_scatter``, all-to-all, collective-permute ``ppermute``, each in a ``shard_map``),
-  the median time over a range of result sizes, less the time of an empty program; fitted by
-  least squares to ``alpha + beta · wire bytes`` (``profiles.wire_bytes``), residuals kept;
+  ``psum_scatter``, all-to-all, collective-permute ``ppermute``, each in a ``shard_map``):
+  alpha, the marginal time of one more small (16 KiB) collective in a chain of them in one
+  program; beta, by least squares on relative error from the median times over a range of
+  sizes, less a program that does nothing, less alpha (``alpha + beta · wire bytes``,
+  ``profiles.wire_bytes``), residuals kept;
 - achieved matmul throughput: batched matmuls split over every device, the slope of time
   against per-device flops;
 - achieved memory bandwidth: an elementwise ``2 x + 1`` split over every device, the slope
@@ -49,6 +51,7 @@ __all__ = ["ProfileFileError", "calibrate", "load_profile", "profile_from_dict",
 FORMAT = "shardlab-device-profile"
 VERSION = 1
 _F32 = 4
+_CHAIN = 9  # collectives in the chain that measures a collective's latency
 _NOISE_FLOOR = 50e-6  # seconds: below this, a difference of two medians is mostly noise
 
 
@@ -57,9 +60,9 @@ class ProfileFileError(ValueError):
 
 
 # Quick: 3 sizes per collective (16 KiB – 8 MiB of result per device, the range of a small
-# model's gradients) and 11 runs; full: 6 sizes and 15 runs.
+# model's gradients) and 9 runs; full: 6 sizes and 15 runs.
 _PLANS = {
-    True: {"sizes": (16 << 10, 512 << 10, 8 << 20), "runs": 11, "matmul": (128, 192, 256)},
+    True: {"sizes": (16 << 10, 512 << 10, 8 << 20), "runs": 9, "matmul": (128, 192, 256)},
     False: {
         "sizes": (4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20),
         "runs": 15,
@@ -118,9 +121,15 @@ def _fit_line(
         a, b = 0.0, float(np.sum(w * w * x * y) / max(np.sum(w * w * x * x), 1e-300))
     if b <= 0:  # time did not grow with size (noise): latency only, a tiny slope
         a, b = float(np.median(y)), 1e-15
-    predicted = a + b * x
-    residual = float(np.sqrt(np.mean(((predicted - y) * w) ** 2)))
-    return float(a), float(b), residual
+    return float(a), float(b), _relative_rms(a + b * x, y)
+
+
+def _relative_rms(predicted: Any, measured: Sequence[float]) -> float:
+    """RMS of the relative errors, each over the measured time (floored as the fit's
+    weights are)."""
+    y = np.asarray(measured, float)
+    floor = max(_NOISE_FLOOR, 0.1 * float(y.max()))
+    return float(np.sqrt(np.mean(((np.asarray(predicted) - y) / np.maximum(y, floor)) ** 2)))
 
 
 def _collective_body(kind: str, axis: str, n: int) -> Callable[[Any], Any]:
@@ -137,6 +146,27 @@ def _collective_body(kind: str, axis: str, n: int) -> Callable[[Any], Any]:
     if kind == "collective-permute":
         return lambda v: lax.ppermute(v, axis, [(i, (i + 1) % n) for i in range(n)])
     raise ValueError(f"unknown collective kind {kind!r}; known: {', '.join(COLLECTIVE_KINDS)}")
+
+
+def _chain_body(kind: str, axis: str, n: int, length: int) -> Callable[[Any], Any]:
+    """``length`` collectives of ``kind`` one after the other, each on the previous one's
+    result brought back to the input's shape (by cheap local ops)."""
+    import jax.numpy as jnp
+
+    one = _collective_body(kind, axis, n)
+    weights = jnp.arange(1.0, n + 1.0) / n
+
+    def run(v: Any) -> Any:
+        for _ in range(length):
+            out = one(v)
+            if kind == "all-gather":  # back to one shard: a weighted sum of the n parts
+                out = (out.reshape(n, -1) * weights[:, None]).sum(0)
+            elif kind == "reduce-scatter":
+                out = jnp.tile(out, n)
+            v = out * 0.5
+        return v
+
+    return run
 
 
 def _local_elements(kind: str, result_bytes: int, n: int) -> int:
@@ -217,11 +247,24 @@ def _measure_collectives(
                 cases.append((f, x))
                 wires.append(wire_bytes(kind, result_bytes, n))
                 measured.append(result_bytes)
-            *times, empty = _interleaved_medians([*cases, (nothing, cases[0][1])], runs)
+            # The latency: the marginal time of one more small collective in a chain in
+            # one program (a difference of two programs' medians over many collectives,
+            # steadier than one small collective against an empty program).
+            chain = jax.jit(
+                jax.shard_map(
+                    _chain_body(kind, axis, n, _CHAIN), mesh=mesh, in_specs=spec, out_specs=spec
+                )
+            )
+            *times, empty, long = _interleaved_medians(
+                [*cases, (nothing, cases[0][1]), (chain, cases[0][1])], runs
+            )
+            short = times[0]  # the chain of one: the smallest size's program
             seconds = [max(t - empty, 1e-6) for t in times]
-            del cases
+            del cases, chain
             progress.step(f"{kind} over {axis} ({n} devices)")
-            alpha, beta, residual = _fit_line(wires, seconds)
+            alpha = max((long - short) / (_CHAIN - 1), 0.0)
+            _, beta, _ = _fit_line(wires, [max(t - alpha, 1e-6) for t in seconds], intercept=False)
+            residual = _relative_rms(alpha + beta * np.asarray(wires), seconds)
             fits.append(
                 CollectiveFit(
                     kind=kind,
@@ -334,7 +377,7 @@ def calibrate(
         mesh: a ``jax.sharding.Mesh`` whose axes to measure collectives along (its devices);
             ``None``: all devices on one axis plus a ``2 × n/2`` mesh, so groups of n, 2
             and n/2 devices are covered.
-        quick: 3 sizes per collective (16 KiB – 8 MiB) and 11 runs per figure (under 30 s
+        quick: 3 sizes per collective (16 KiB – 8 MiB) and 9 runs per figure (under 30 s
             on 8 simulated CPU devices); ``False``: 6 sizes (4 KiB – 16 MiB) and 15 runs,
             and the estimated time is said first.
         progress: ``callback(fraction, message)``; default: the notebook's progress bar.
