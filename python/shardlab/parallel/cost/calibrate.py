@@ -124,7 +124,7 @@ def _fit_line(
     return float(a), float(b), _relative_rms(a + b * x, y)
 
 
-def _relative_rms(predicted: Any, measured: Sequence[float]) -> float:
+def _relative_rms(predicted: Any, measured: Any) -> float:
     """RMS of the relative errors, each over the measured time (floored as the fit's
     weights are)."""
     y = np.asarray(measured, float)
