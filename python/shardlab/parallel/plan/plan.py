@@ -48,6 +48,8 @@ from shardlab.parallel.plan.io import (
     short,
     spec_code,
 )
+from shardlab.parallel.plan.pipeline import pipeline_runners
+from shardlab.parallel.plan.remat import remat_runners
 from shardlab.parallel.records import (
     CostBreakdown,
     PipelineSpec,
@@ -199,12 +201,8 @@ class Plan(_Record):
         recomputed, both (remat wraps the pipelined scan), or ``lax.scan`` (empty)."""
         runners: dict[int, ScanRunner] = {}
         if self.pipeline is not None:
-            from shardlab.parallel.plan.pipeline import pipeline_runners
-
             runners = pipeline_runners(b.graph, b.mesh, self.pipeline)
         if self.remat is not None and self.remat.policy != "none":
-            from shardlab.parallel.plan.remat import remat_runners
-
             runners = remat_runners(b.graph, self.remat, base=runners)
         return runners
 
