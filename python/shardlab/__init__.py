@@ -38,8 +38,10 @@ if TYPE_CHECKING:
     )
     from .parallel.cost.calibrate import calibrate, load_profile
     from .parallel.errors import SearchError
+    from .parallel.plan.pipeline import with_pipeline
     from .parallel.plan.plan import Plan
-    from .parallel.records import PlanRow
+    from .parallel.plan.remat import with_remat
+    from .parallel.records import PipelineSpec, PlanRow, RematSpec
     from .parallel.search.driver import confirm_plan as confirm
     from .parallel.search.driver import search
     from .widgets import commgraph, editor, explore, memory, show, timeline, watch
@@ -81,6 +83,10 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "SearchError": (".parallel.errors", "SearchError"),
     "Plan": (".parallel.plan.plan", "Plan"),
     "PlanRow": (".parallel.records", "PlanRow"),
+    "PipelineSpec": (".parallel.records", "PipelineSpec"),
+    "RematSpec": (".parallel.records", "RematSpec"),
+    "with_pipeline": (".parallel.plan.pipeline", "with_pipeline"),
+    "with_remat": (".parallel.plan.remat", "with_remat"),
     "search": (".parallel.search.driver", "search"),
     "confirm": (".parallel.search.driver", "confirm_plan"),
     **{
@@ -125,9 +131,11 @@ __all__ = [
     "Layout",
     "MemoryBreakdown",
     "ModeError",
+    "PipelineSpec",
     "Plan",
     "PlanRow",
     "ReleaseReport",
+    "RematSpec",
     "Report",
     "SearchError",
     "ShardingSpecError",
@@ -158,6 +166,8 @@ __all__ = [
     "to_static",
     "unload_ipython_extension",
     "watch",
+    "with_pipeline",
+    "with_remat",
 ]
 
 
