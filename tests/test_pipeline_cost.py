@@ -276,6 +276,7 @@ def test_impossible_budget_refused_in_seconds():
         start = time.perf_counter()
         with pytest.raises(SearchError, match=f"at least {bound.lower_bound} B") as info:
             search(case.fn, *case.args, mesh=mesh, memory_budget=budget, confirm=False)
-        assert time.perf_counter() - start < 5.0
+        # refused from the bound: seconds, where searching took minutes (a loose guard)
+        assert time.perf_counter() - start < 30.0
         assert "nothing was searched or compiled" in str(info.value)
         assert f"{bound.replicated} B" in str(info.value)
