@@ -44,7 +44,16 @@ if TYPE_CHECKING:
     from .parallel.records import PipelineSpec, PlanRow, RematSpec
     from .parallel.search.driver import confirm_plan as confirm
     from .parallel.search.driver import search
-    from .widgets import commgraph, editor, explore, memory, show, timeline, watch
+    from .widgets import (
+        commgraph,
+        editor,
+        explore,
+        memory,
+        pipeline_timeline,
+        show,
+        timeline,
+        watch,
+    )
 
 # Public name -> (module, attribute; None: the module itself).
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -91,7 +100,16 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "confirm": (".parallel.search.driver", "confirm_plan"),
     **{
         n: (".widgets", n)
-        for n in ("commgraph", "editor", "explore", "memory", "show", "timeline", "watch")
+        for n in (
+            "commgraph",
+            "editor",
+            "explore",
+            "memory",
+            "pipeline_timeline",
+            "show",
+            "timeline",
+            "watch",
+        )
     },
 }
 
@@ -157,6 +175,7 @@ __all__ = [
     "load_profile",
     "memory",
     "mesh",
+    "pipeline_timeline",
     "predict",
     "release",
     "search",

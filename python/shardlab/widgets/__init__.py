@@ -15,6 +15,7 @@ from .editor import StrategyEditor, editor
 from .layout import LayoutView, show
 from .long_work import default_bar  # registers the progress bar of search and verify()
 from .memory import MemoryPanel, memory
+from .pipeline_view import PipelineTimeline, pipeline_timeline
 from .records_html import cost_html, plan_html, report_html  # registers the records' HTML
 from .timeline import TimelineView, timeline
 from .watch import Watch, watch
@@ -24,6 +25,7 @@ __all__ = [
     "Explorer",
     "LayoutView",
     "MemoryPanel",
+    "PipelineTimeline",
     "StrategyEditor",
     "TimelineView",
     "Watch",
@@ -35,6 +37,7 @@ __all__ = [
     "editor",
     "explore",
     "memory",
+    "pipeline_timeline",
     "plan_html",
     "report_html",
     "show",
