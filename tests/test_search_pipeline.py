@@ -51,3 +51,14 @@ def test_bad_pipeline_requests(case):
         search(case.fn, *case.args, mesh=m, pipeline=2, microbatches=3, confirm=False)
     with pytest.raises(SearchError, match=r"no 'stage' axis"):
         search(case.fn, *case.args, mesh=make_mesh(data=8), pipeline=2, confirm=False)
+
+
+def test_auto_on_a_model_without_layer_scan_searches_as_usual():
+    def step(w, x):
+        return jax.numpy.tanh(x @ w).sum()
+
+    w, x = jax.numpy.ones((16, 16)), jax.numpy.ones((8, 16))
+    plan = search(step, w, x, mesh=make_mesh(stage=2, data=4), confirm=False)
+    assert plan.pipeline is None
+    assert any(n.startswith("pipeline") for n in plan.notes), plan.notes
+    np.testing.assert_allclose(plan.jit()(w, x), step(w, x), rtol=1e-5)

@@ -159,18 +159,23 @@ def search(
         check_budget(graph, sizes, float(memory_budget))
     if pipeline is None:
         pipeline = "auto" if "stage" in sizes else False
-    staging = None
+    staging, pipeline_note = None, None
     if pipeline is not False:  # bad stage or microbatch counts fail before searching
         report(0.12, "pricing pipeline stages")
-        staging = choose_pipeline(
-            fn,
-            *args,
-            mesh=mesh,
-            memory_budget=memory_budget,
-            pipeline=pipeline,
-            microbatches=microbatches,
-            device=profile,
-        )
+        try:
+            staging = choose_pipeline(
+                fn,
+                *args,
+                mesh=mesh,
+                memory_budget=memory_budget,
+                pipeline=pipeline,
+                microbatches=microbatches,
+                device=profile,
+            )
+        except SearchError as e:
+            if pipeline != "auto":
+                raise
+            pipeline_note = f"pipeline: no stages tried ({e})"
     space = build_space(graph, sizes, profile, fixed_inputs=fixed, ties=ties)
     report(0.3, f"{len(space.units)} decisions, {len(space.edges)} edges")
     notes: list[str] = []
@@ -263,6 +268,8 @@ def search(
         plan = _compiled_baseline(problem, budget_bytes, used, notes, why)
     if staging is not None:
         plan = _with_stages(plan, problem, staging, pipeline, memory_budget)
+    elif pipeline_note is not None:  # auto: stages could not be priced for this function
+        plan = dataclasses.replace(plan, notes=(*plan.notes, pipeline_note))
     report(1.0, "done")
     return dataclasses.replace(plan, search_time=time.perf_counter() - start)
 
