@@ -450,6 +450,11 @@ def _stacked_leaves(graph: OpGraph, times: LayerTimes) -> set[int]:
     }
 
 
+def divisors(n: int) -> list[int]:
+    """The positive divisors of ``n``, ascending (the valid stage or microbatch counts)."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 def predict_pipeline(
     plan_or_binding: Any,
     spec: PipelineSpec,
@@ -502,11 +507,11 @@ def predict_pipeline(
     )
     p, m, n = spec.stages, spec.microbatches, times.layers
     if p < 1 or n % p:
-        good = [d for d in range(1, n + 1) if n % d == 0]
+        good = divisors(n)
         raise SearchError(f"stages={p} does not divide the {n} scanned layers; use one of {good}")
     if m < 1 or times.carry_rows % m:
         rows = times.carry_rows
-        good = [d for d in range(1, rows + 1) if rows % d == 0]
+        good = divisors(rows)
         raise SearchError(
             f"microbatches={m} does not divide the batch of {rows}; use one of {good}"
         )

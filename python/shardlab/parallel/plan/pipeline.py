@@ -32,6 +32,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardlab.parallel.cost.pipeline import divisors
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.graph.interpret import ScanRunner, _context
 from shardlab.parallel.graph.opgraph import Node, OpGraph, ScanGroup, build_from_jaxpr
@@ -477,10 +478,6 @@ def _batch_size(group: ScanGroup) -> tuple[int, tuple[int, ...]] | None:
     return None
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def with_pipeline(plan: Any, spec: PipelineSpec) -> Any:
     """``plan`` with its layer scans pipelined as ``spec`` says.
 
@@ -511,7 +508,7 @@ def with_pipeline(plan: Any, spec: PipelineSpec) -> Any:
     for i in chosen:
         n = g.scan_groups[i].length
         if n % spec.stages:
-            valid = [d for d in _divisors(n) if d > 1]
+            valid = [d for d in divisors(n) if d > 1]
             raise PipelineError(
                 f"stages={spec.stages} does not divide the {n} layers of the layer scan: "
                 f"valid stage counts are {valid}"
@@ -521,7 +518,7 @@ def with_pipeline(plan: Any, spec: PipelineSpec) -> Any:
         n, shape = batch
         raise PipelineError(
             f"microbatches={spec.microbatches} does not divide the batch of {n} (the layer "
-            f"scan's carry {shape}): valid microbatch counts are {_divisors(n)}"
+            f"scan's carry {shape}): valid microbatch counts are {divisors(n)}"
         )
     leaves = {v: k for k, v in enumerate(g.inputs)}
     stacked = {

@@ -23,7 +23,7 @@ from typing import Any
 from jax.sharding import Mesh
 
 from shardlab.parallel.cost import layouts as L
-from shardlab.parallel.cost.pipeline import PipelineCost, layer_times, predict_pipeline
+from shardlab.parallel.cost.pipeline import PipelineCost, divisors, layer_times, predict_pipeline
 from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.graph.trace import trace
@@ -167,7 +167,7 @@ def choose_stages(
     """The DP's assignment next to the balanced one (``layers / stages`` each)."""
     n = len(layer_time)
     if n % stages:
-        good = [d for d in range(1, n + 1) if n % d == 0]
+        good = divisors(n)
         raise SearchError(f"stages={stages} does not divide the {n} layers; use one of {good}")
     opt = stage_dp(layer_time, stages, microbatches, memory=memory, limit=limit)
     equal = assignment_of(
@@ -208,10 +208,6 @@ class PipelineChoice(_Record):
     tried: tuple[tuple[int, int, str, str, float, int], ...]
     stages: StageChoice | None
     reason: str
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def choose_pipeline(
@@ -292,7 +288,7 @@ def choose_pipeline(
         if n % pipeline:
             raise SearchError(
                 f"pipeline={pipeline} stages do not divide the {n} scanned layers; use one of "
-                f"{[d for d in _divisors(n) if d > 1]}"
+                f"{[d for d in divisors(n) if d > 1]}"
             )
         if pipeline != size:
             raise SearchError(
@@ -312,11 +308,11 @@ def choose_pipeline(
         if microbatches < 1 or rows % microbatches:
             raise SearchError(
                 f"microbatches={microbatches} does not divide the batch of {rows}; use one of "
-                f"{_divisors(rows)}"
+                f"{divisors(rows)}"
             )
         micro = [microbatches]
     else:
-        micro = _divisors(rows)
+        micro = divisors(rows)
     plans, base_name, base_time = unpipelined()
     tried = []
     best: PipelineCost | None = None
