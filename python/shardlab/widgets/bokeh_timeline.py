@@ -19,7 +19,7 @@ budget shared fairly between the lanes (``timeline_lanes``), and the plot says s
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -188,11 +188,13 @@ class BokehTimelineView(BokehView):
         fallback: View,
         notes: Sequence[str] = (),
         budget: int = MAX_INTERVALS,
+        stage_of: Mapping[int, int] | None = None,
     ) -> None:
         self.timelines = tuple(timelines)
         self.fallback_view = fallback
         self.notes = tuple(notes)
-        self.lanes = [build_lanes(t, budget=budget) for t in self.timelines]
+        # a pipelined plan: the model a lane per stage, measured lanes named by their stage
+        self.lanes = [build_lanes(t, budget=budget, stage_of=stage_of) for t in self.timelines]
 
     def fallback(self) -> View:
         return self.fallback_view

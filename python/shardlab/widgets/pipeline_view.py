@@ -87,6 +87,13 @@ def summary_lines(cost: PipelineCost) -> list[str]:
     ]
 
 
+def schedule_html(cost: PipelineCost) -> str:
+    """The drawing and its figures (``shardlab.pipeline_timeline``'s body, and the pipelined
+    model in ``shardlab.timeline`` and the strategy editor)."""
+    lines = "".join(f"<div class='sl-note'>{esc(t)}</div>" for t in summary_lines(cost))
+    return schedule_svg(cost.schedule) + lines
+
+
 class PipelineTimeline:
     """The rendered schedule of one pipelined plan (``_repr_html_``, ``__repr__``)."""
 
@@ -95,9 +102,7 @@ class PipelineTimeline:
         self.title = title
 
     def _repr_html_(self) -> str:
-        lines = "".join(f"<div class='sl-note'>{esc(t)}</div>" for t in summary_lines(self.cost))
-        body = schedule_svg(self.cost.schedule) + lines
-        return panel("sl-pipeline", body, title=self.title)
+        return panel("sl-pipeline", schedule_html(self.cost), title=self.title)
 
     def __repr__(self) -> str:
         return "\n".join([self.title, *summary_lines(self.cost)])

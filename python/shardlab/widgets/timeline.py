@@ -2,18 +2,23 @@
 
 The cost model's schedule (communication that is not hidden behind compute is marked), and,
 where a profile can be taken (``jax.profiler`` on CPU/GPU), the measured timeline beside it.
+A pipelined plan's model is the pipeline simulator's schedule, one lane per stage with the
+forward and backward of each microbatch, the transfers and the bubble (drawn as
+``shardlab.pipeline_timeline`` draws it), and its measured lanes name each device's stage.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..parallel.cost.pipeline import PipelineCost, predict_pipeline
 from ..parallel.cost.profiles import resolve_profile
-from ..parallel.cost.schedule import Timeline, measure, schedule
+from ..parallel.cost.schedule import Timeline, measure, schedule, stage_timeline
 from ..parallel.plan.plan import Plan
 from ..parallel.records import COLLECTIVE_KINDS
 from ._html import KIND_COLORS, View, esc, fmt_time, panel, source_label
+from .pipeline_view import schedule_html, summary_lines
 from .timeline_lanes import build_lanes
 
 WIDTH = 860
@@ -22,10 +27,10 @@ MAX_RECTS = 3000
 COMPUTE_COLOR = "#9ecae1"
 
 
-def _svg(timeline: Timeline) -> str:
+def _svg(timeline: Timeline, stage_of: Mapping[int, int] | None = None) -> str:
     """Lanes of two rows (compute over communication); at most ``MAX_RECTS`` rectangles,
     shared fairly between the lanes (``timeline_lanes.reduce_fairly``): every device drawn."""
-    lanes = build_lanes(timeline, budget=MAX_RECTS)
+    lanes = build_lanes(timeline, budget=MAX_RECTS, stage_of=stage_of)
     scale = WIDTH / max(timeline.total, 1e-12)
     row = LANE // 2
     parts = []
@@ -91,7 +96,13 @@ def _ratio(model: float, measured: float) -> str:
 
 class TimelineView(View):
     """One or two timelines (model, measured) with their totals, which profile priced the
-    model, and the measured-vs-model gap per phase."""
+    model, and the measured-vs-model gap per phase.
+
+    Args:
+        pipeline: a pipelined plan's simulated schedule (the model timeline is its
+            ``stage_timeline``): drawn one lane per stage, with the bubble labelled.
+        stage_of: per device id, its pipeline stage (names a measured lane's stage).
+    """
 
     def __init__(
         self,
@@ -99,10 +110,14 @@ class TimelineView(View):
         *,
         notes: Sequence[str] = (),
         priced_by: str = "",
+        pipeline: PipelineCost | None = None,
+        stage_of: Mapping[int, int] | None = None,
     ) -> None:
         self.timelines = tuple(timelines)
         self.notes = tuple(notes)
         self.priced_by = priced_by
+        self.pipeline = pipeline
+        self.stage_of = dict(stage_of) if stage_of else None
 
     def gaps(self) -> list[tuple[str, float, float]]:
         """The gap per phase, when there is a model and a measured timeline."""
@@ -126,6 +141,8 @@ class TimelineView(View):
         for t in self.timelines:
             lines.append(self._summary(t))
             lines.append(f"  {t.note}")
+            if t.stages and self.pipeline is not None:
+                lines.extend(f"  {line}" for line in summary_lines(self.pipeline))
             exposed = [e for e in t.events if e.exposed > 0]
             for e in exposed[:10]:
                 lines.append(
@@ -149,10 +166,15 @@ class TimelineView(View):
             else []
         )
         for t in self.timelines:
+            drawn = (
+                schedule_html(self.pipeline)
+                if t.stages and self.pipeline is not None
+                else _svg(t, self.stage_of)
+            )
             parts.append(
                 f"<div class='sl-timeline {'sl-measured' if t.measured else 'sl-model'}'>"
                 f"<div>{esc(self._summary(t))}</div><div class='sl-note'>{esc(t.note)}</div>"
-                f"{_svg(t)}</div>"
+                f"{drawn}</div>"
             )
         legend = " ".join(
             f"<span style='color:{c}'>■</span> {esc(k)}" for k, c in KIND_COLORS.items()
@@ -180,13 +202,17 @@ class TimelineView(View):
         from .bokeh_timeline import BokehTimelineView
 
         extra = [f"model priced by the {self.priced_by}"] if self.priced_by else []
+        if self.pipeline is not None:
+            extra.extend(summary_lines(self.pipeline))
         gaps = self.gaps()
         if gaps:
             extra.append(
                 "per phase (one device), model → measured: "
                 + "; ".join(f"{p} {fmt_time(m)} → {fmt_time(x)}" for p, m, x in gaps)
             )
-        return BokehTimelineView(self.timelines, fallback=self, notes=(*extra, *self.notes))
+        return BokehTimelineView(
+            self.timelines, fallback=self, notes=(*extra, *self.notes), stage_of=self.stage_of
+        )
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
@@ -214,8 +240,13 @@ def timeline(
             function, with ``args``, ``mesh`` and ``in_shardings``.
         measured: also run the program under ``jax.profiler`` and show the measured timeline.
         device: the device profile for the model (default: by backend).
+
+    A plan with pipeline stages (``plan.pipeline``) is drawn one lane per stage: the pipeline
+    simulator's forward and backward of every microbatch, the transfers and the bubble.
     """
     fn = plan_or_fn
+    if isinstance(plan_or_fn, Plan) and plan_or_fn.pipeline is not None:
+        return _pipelined(plan_or_fn, measured=measured, device=device)
     if isinstance(plan_or_fn, Plan):  # its function with the intermediate constraints inserted
         fn, mesh, in_shardings = plan_or_fn.function(), plan_or_fn.mesh, plan_or_fn.in_shardings
         assert plan_or_fn.binding is not None  # function() raises for an unbound plan
@@ -235,6 +266,49 @@ def timeline(
 
         notes.append(difference_note(views[0], views[1], platform=_platform()))
     return TimelineView(views, notes=notes, priced_by=profile.priced_by)
+
+
+def stage_of_devices(mesh: Any, axis: str) -> dict[int, int]:
+    """Per device id, its coordinate on the mesh's stage axis."""
+    import numpy as np
+
+    names = [str(a) for a in mesh.axis_names]
+    position = names.index(axis)
+    return {int(d.id): int(index[position]) for index, d in np.ndenumerate(mesh.devices)}
+
+
+def _pipelined(plan: Plan, *, measured: bool, device: Any) -> TimelineView:
+    """The timeline of a pipelined plan: the simulated schedule, one lane per stage, and the
+    measured trace (``plan.function()`` runs the pipelined program) with each lane's stage."""
+    spec = plan.pipeline
+    assert spec is not None and plan.binding is not None
+    profile = resolve_profile(device if device is not None else plan.cost.device)
+    cost = predict_pipeline(plan, spec, device=profile)
+    mesh = plan.mesh
+    views = [stage_timeline(cost, devices=int(mesh.size))]
+    notes: list[str] = []
+    if measured:
+        try:
+            views.append(
+                measure(
+                    plan.function(), *plan.binding.args, mesh=mesh, in_shardings=plan.in_shardings
+                )
+            )
+        except Exception as error:  # the model timeline stands on its own
+            notes.append(f"no measured timeline: {type(error).__name__}: {error}")
+    if len(views) == 2:
+        notes.append(
+            "measured: the compiled program runs the pipeline as GPipe in one SPMD loop (every "
+            "stage steps together, bubbles included), so its lanes show the loop's "
+            f"{spec.microbatches + spec.stages - 1} iterations per scan, not the schedule's boxes"
+        )
+    return TimelineView(
+        views,
+        notes=notes,
+        priced_by=profile.priced_by,
+        pipeline=cost,
+        stage_of=stage_of_devices(mesh, spec.axis),
+    )
 
 
 def _platform() -> str:

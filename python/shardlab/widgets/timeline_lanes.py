@@ -1,9 +1,10 @@
 """A timeline as lanes of intervals, reduced fairly when there are too many to draw.
 
 One lane per device for a measured trace; for the cost model's schedule, which every device
-runs alike (SPMD), one lane standing for all devices — until plans have pipeline stages, whose
-devices run different schedules (``stage_of`` names a device's stage in its lane). Each lane
-has two rows, compute and communication, so a collective is never drawn under a kernel.
+runs alike (SPMD), one lane standing for all devices; for a pipelined plan's model
+(``schedule.stage_timeline``), one lane per stage, and in a measured trace of it ``stage_of``
+names a device's stage in its lane. Each lane has two rows, compute and communication, so a
+collective is never drawn under a kernel.
 
 Reduction (``reduce_fairly``): a drawing budget is shared between the rows by water-filling —
 a row with fewer intervals than its share keeps all of them and leaves the rest to the others
@@ -75,6 +76,9 @@ def lanes_of(
     timeline: Timeline, *, stage_of: Mapping[int, int] | None = None
 ) -> tuple[tuple[str, ...], list[tuple[int, Event]]]:
     """The lane names and each event's lane index."""
+    if timeline.stages and not timeline.measured:  # the pipeline model: a lane per stage
+        names = tuple(f"stage {s}" for s in range(timeline.stages))
+        return names, [(max(e.stage, 0), e) for e in timeline.events]
     devices = sorted({e.device for e in timeline.events if e.device >= 0})
     if not devices:  # the model: the same schedule on every device
         span = f"devices 0–{timeline.devices - 1}" if timeline.devices > 1 else "device 0"

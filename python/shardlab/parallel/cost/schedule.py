@@ -16,6 +16,10 @@ combining saves, while the bytes are the same.
 Measured (``measure``): runs the compiled program under ``jax.profiler.trace`` and reads the
 trace's complete events of that program per device (on CPU, collective times include
 waiting for peers, so they are not pure wire time).
+
+Pipelined (``stage_timeline``): a plan with pipeline stages runs a different schedule on each
+stage, so its model timeline is the pipeline simulator's (``cost/pipeline.py``), one lane per
+stage, each event naming its stage and microbatch.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shardlab.parallel.arguments import abstract_args, bind, split
+from shardlab.parallel.cost.pipeline import PipelineCost
 from shardlab.parallel.cost.predict import prepare_strategy
 from shardlab.parallel.records import COLLECTIVE_KINDS, _Record
 from shardlab.parallel.specs import resolve_shardings, unflatten_like
@@ -51,6 +56,8 @@ class Event(_Record):
     exposed: float = 0.0  # seconds of this collective the compute stream waited for
     device: int = -1  # -1: the same on every device (model)
     wire_bytes: float = 0.0  # per device, for collectives
+    stage: int = -1  # a pipeline stage's lane (``stage_timeline``); -1: not pipelined
+    microbatch: int = -1  # the microbatch a pipeline stage's event works on
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +72,55 @@ class Timeline(_Record):
     devices: int
     measured: bool = False
     note: str = ""
+    stages: int = 0  # pipeline stages, one lane each (``stage_timeline``); 0: SPMD
 
     @property
     def hidden(self) -> float:
         return max(0.0, self.communication - self.exposed)
+
+
+def stage_timeline(cost: PipelineCost, *, devices: int) -> Timeline:
+    """A pipelined plan's schedule (``cost/pipeline.py``'s simulator) as a ``Timeline``: per
+    stage, its forward and backward of each microbatch on the compute stream and its
+    stage-to-stage transfers (collective-permutes, exposed) on the communication stream;
+    the idle gaps are the bubble. Totals are per device, the mean over the stages; the
+    step is the pipelined part (what runs outside it, once, is in the note)."""
+    s, p = cost.schedule, cost.schedule.stages
+    events = []
+    for e in s.events:
+        if e.kind == "idle":
+            continue
+        send = e.kind == "send"
+        what = f"{e.kind} of microbatch {e.microbatch}" if e.microbatch >= 0 else e.kind
+        events.append(
+            Event(
+                "communication" if send else "compute",
+                e.start,
+                e.end,
+                what,
+                "collective-permute" if send else "",
+                exposed=e.end - e.start if send else 0.0,
+                wire_bytes=float(cost.microbatch_bytes) if send else 0.0,
+                stage=e.stage,
+                microbatch=e.microbatch,
+            )
+        )
+    sending = sum(s.sending) / p
+    spec = cost.spec
+    return Timeline(
+        events=tuple(events),
+        total=s.step_time,
+        compute=sum(s.busy) / p,
+        communication=sending,
+        exposed=sending,  # pipeline transfers are charged exposed (cost/pipeline.py)
+        devices=devices,
+        note=(
+            f"cost model: {spec.stages} stages × {spec.microbatches} microbatches "
+            f"({spec.schedule}), one lane per stage; the pipelined part only, "
+            f"{cost.outside_time * 1e3:.3f} ms outside it (embedding, head, update: run once)"
+        ),
+        stages=p,
+    )
 
 
 def schedule(
