@@ -11,7 +11,9 @@ figures at once (no compile); the compiled figures follow from a background thre
 newer edit supersedes a stale compile. Auto runs ``shardlab.search`` with a progress bar
 (Stop keeps the best plan so far); ``apply(plan)`` shows the plan's own predicted cost and
 its ``verify()``; Reset goes back to the initial strategy; Export code shows the plan's
-``to_code()``.
+``to_code()``. Above the tabs, pipeline stages, microbatches, schedule and a remat policy per
+layer scan (``editor_stages.py``), when the mesh has a stage axis or the model a layer scan:
+the figures, memory and the pipeline schedule (one lane per stage) follow them live.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ..parallel.errors import SearchError
 from ..parallel.plan.plan import Plan
 from ..parallel.search.driver import search
 from ..parallel.specs import ShardingSpecError, spec_entries
 from ._html import esc
 from ._live import LiveDisplay, guarded, show_controls
 from .editor_model import CompileResult, EditorModel, diff
+from .editor_stages import StageControls
 from .editor_view import ACTIONS, EditorView
 from .long_work import TickingBar
 
@@ -185,7 +189,9 @@ class StrategyEditor:
                 self.progress,
             ]
         )
-        self.controls = w.VBox([buttons, self.arguments, self.intermediates])
+        self.stage_controls = StageControls(self)
+        stages = [self.stage_controls.widget] if self.stage_controls.widget else []
+        self.controls = w.VBox([buttons, *stages, self.arguments, self.intermediates])
         self.initial = self._initial_specs(in_shardings)
         self.model.set_all(self.initial)
         self._sync_dropdowns()
@@ -355,6 +361,7 @@ class StrategyEditor:
         return specs
 
     def _sync_dropdowns(self) -> None:
+        self.stage_controls.sync()
         self._syncing = True
         try:
             for row in self.rows:
@@ -405,11 +412,31 @@ class StrategyEditor:
         members = self.model.members(group)
         self._change(self.model.edit_many, [(i, dim, axes) for i in members])
 
+    def set_pipeline(
+        self, stages: int, microbatches: int | None = None, schedule: str | None = None
+    ) -> None:
+        """What the pipeline dropdowns do: pipeline the layer scans over ``stages`` (0: off)
+        with ``microbatches`` and ``schedule`` (``gpipe``, ``1f1b``)."""
+        self._change(self.model.set_pipeline, stages, microbatches, schedule)
+
+    def set_remat(self, policy: str, group: int | str | None = None) -> None:
+        """What a layer group's remat dropdown does: ``policy`` (``none``, ``dots``,
+        ``nothing``) for ``group`` — its scan index, its label as shown (``lax.scan at
+        In [3], line 7 (4 layers)``) or a part of it — or every layer group (None)."""
+        scan = group
+        if isinstance(group, str):
+            found = [g.scan for g in self.model.layer_groups if group in g.label]
+            if len(found) != 1:
+                labels = "; ".join(g.label for g in self.model.layer_groups)
+                raise KeyError(f"{group!r} names {len(found)} layer groups; they are: {labels}")
+            scan = found[0]
+        self._change(self.model.set_remat, scan, policy)
+
     def _change(self, apply: Any, *args: Any) -> None:
         """Applies a model change; an invalid one shows its error and keeps the last state."""
         try:
             apply(*args)
-        except ShardingSpecError as error:
+        except (ShardingSpecError, SearchError) as error:
             self.error = str(error)
             self._sync_dropdowns()  # a group row may have half-moved in the browser
             self._refresh()
@@ -475,6 +502,7 @@ class StrategyEditor:
 
     def reset(self) -> None:
         self.model.constraints = {}
+        self.model.clear_stages()
         self.model.set_all(list(self.initial))
         self.error, self.status = None, "reset to the initial strategy"
         self._sync_dropdowns()
@@ -544,7 +572,25 @@ class StrategyEditor:
             labels=tuple(leaf.label for leaf in self.model.leaves),
             groups=tuple(leaf.group for leaf in self.model.leaves),
             source=f"plan {applied.method}" if applied is not None else "",
+            stages=self.stage_lines(),
         )
+
+    def stage_lines(self) -> tuple[str, ...]:
+        """The pipeline and remat settings in words, for the figures."""
+        model, lines = self.model, []
+        spec = model.pipeline
+        if spec is not None:
+            lines.append(
+                f"pipeline: {spec.stages} stages × {spec.microbatches} microbatches "
+                f"({spec.schedule}) over the {spec.axis!r} axis"
+            )
+        elif model.choices.stages:
+            lines.append("pipeline: off")
+        for group in model.layer_groups:
+            policy = model.remat.get(group.scan, "none")
+            if policy != "none":
+                lines.append(f"remat {policy!r}: {group.label}")
+        return tuple(lines)
 
     def _refresh(self) -> None:
         if self.display.shown:
@@ -569,7 +615,7 @@ class StrategyEditor:
         self.display.show(self.view())  # the figures first: pinned above the controls
         show_controls(
             self.controls,
-            f"[Auto] [Stop] [Reset] [Export code] [a tab per argument: one dropdown per "
+            f"[Auto] [Stop] [Reset] [Export code] [pipeline, remat] [a tab per argument: one dropdown per "
             f"dimension, repeated layers as one row]: {ACTIONS}",
             f"<div class='shardlab sl-actions sl-note'>{esc(ACTIONS)}</div>",
         )

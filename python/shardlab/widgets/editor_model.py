@@ -6,10 +6,16 @@ predicts the cost with a function traced once (fast: no compile), and compiles i
 background on request, where a newer edit supersedes a stale compile. The strategy as a
 record is a hand-specified ``Plan`` (``EditorModel.plan``): its code export and its function
 with the constraints applied are the plan's, as for a searched one.
+
+Pipeline stages and rematerialisation (``set_pipeline``, ``set_remat``; the choices in
+``editor_stages.py``) are applied to that plan with ``with_pipeline`` / ``with_remat``: the
+figures are then the pipeline simulator's (``predict_pipeline``, with its schedule for the
+view) or the remat prediction, and the compile is the staged plan's ``verify()``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -21,14 +27,22 @@ from jax.sharding import Mesh, PartitionSpec
 
 from ..parallel import analyze, predict
 from ..parallel.cost import layouts as L
+from ..parallel.cost.pipeline import PipelineCost, predict_pipeline
+from ..parallel.cost.remat import POLICIES, layer_scans
 from ..parallel.display import human_bytes, human_time
+from ..parallel.errors import SearchError
+
+# ``_source``: the graph builder's one way to name an equation's user line (a scan's, here).
 from ..parallel.graph.opgraph import OpGraph
+from ..parallel.graph.opgraph import _source as equation_source
 from ..parallel.graph.trace import Traced, trace
 from ..parallel.labels import group_label, path_label, source_label
 from ..parallel.plan.binding import Binding
 from ..parallel.plan.fixed import fixed_plan
+from ..parallel.plan.pipeline import PipelineChoices, pipeline_choices, with_pipeline
 from ..parallel.plan.plan import Plan
-from ..parallel.records import CostBreakdown, Report
+from ..parallel.plan.remat import with_remat
+from ..parallel.records import CostBreakdown, PipelineSpec, RematSpec, Report
 from ..parallel.specs import ShardingSpecError, check_spec, make_spec, spec_entries
 from ._capture import captured_stderr
 
@@ -68,16 +82,32 @@ class Intermediate:
 
 
 MAX_INTERMEDIATES = 24
+SCHEDULES = ("gpipe", "1f1b")
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """A forward layer scan the editor offers to rematerialise, labelled in the user's terms:
+    ``lax.scan at In [3], line 7 (4 layers)``."""
+
+    scan: int  # its ``OpGraph.scan_groups`` index
+    label: str
+    layers: int
 
 
 @dataclass(frozen=True)
 class Evaluation:
-    """The figures of one valid strategy."""
+    """The figures of one valid strategy.
+
+    ``pipeline``: the simulated schedule when the strategy has pipeline stages; ``plan``:
+    the strategy as a plan when it has stages or remat (what is compiled)."""
 
     generation: int
     specs: tuple[PartitionSpec, ...]
     cost: CostBreakdown
     seconds: float  # how long the prediction took
+    pipeline: PipelineCost | None = None
+    plan: Plan | None = None
 
 
 @dataclass
@@ -107,6 +137,9 @@ class EditorModel:
     # The plan last applied (``set_plan``) while no edit has followed: its own figures are
     # shown and compiled, not a re-prediction of its input layouts.
     applied: Plan | None = field(default=None, init=False)
+    # Pipeline stages (None: off) and the remat policy per forward layer scan.
+    pipeline: PipelineSpec | None = field(default=None, init=False)
+    remat: dict[int, str] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         # Traced once; every edit reuses it. Scans are unrolled as the search does, so a
@@ -123,6 +156,25 @@ class EditorModel:
         self._latest_compile: CompileResult | None = None
         self._functions: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self.intermediates = self._intermediates()
+        self.layer_groups, self.remat_note = self._layer_groups()
+        self.remat = {group.scan: "none" for group in self.layer_groups}
+        self.choices: PipelineChoices = pipeline_choices(self.graph, self.mesh)
+
+    def _layer_groups(self) -> tuple[tuple[LayerGroup, ...], str]:
+        """The forward layer scans (``cost/remat.layer_scans``), each named by the line of
+        the user's ``lax.scan``; and why there are none, when there are none."""
+        try:
+            found = layer_scans(self.graph)
+        except SearchError as error:  # a residual read elsewhere: remat cannot apply
+            return (), str(error)
+        groups = []
+        for scan in sorted(found):
+            group = self.graph.scan_groups[scan]
+            where = source_label(equation_source(group.eqn), missing="(no source line)")
+            label = f"lax.scan at {where} ({group.length} layers)"
+            groups.append(LayerGroup(scan, label, group.length))
+        note = "" if groups else "no layer scan (one lax.scan over stacked parameters)"
+        return tuple(groups), note
 
     def _intermediates(self) -> tuple[Intermediate, ...]:
         """Matmul outputs in program order (the values whose layout decides communication).
@@ -256,34 +308,159 @@ class EditorModel:
         self.constraints = {
             node: outs[0] for node, outs in plan.intermediate_specs().items() if outs and outs[0]
         }
+        self.pipeline = plan.pipeline
+        remat = plan.remat
+        self.remat = {
+            g.scan: (
+                remat.policy if remat and (not remat.scans or g.scan in remat.scans) else "none"
+            )
+            for g in self.layer_groups
+        }
+        schedule = (
+            predict_pipeline(plan, plan.pipeline, device=self.device) if plan.pipeline else None
+        )
         with self._lock:
             self.generation += 1
             self.specs = specs
             self.applied = plan
             self.previous, self.current = (
                 self.current,
-                Evaluation(self.generation, tuple(specs), plan.cost, 0.0),
+                Evaluation(self.generation, tuple(specs), plan.cost, 0.0, schedule, plan),
             )
             return self.current
 
+    # -- pipeline stages and remat -----------------------------------------------------------
+    def clear_stages(self) -> None:
+        """No pipeline, remat ``none`` everywhere (Reset); takes effect at the next edit."""
+        self.pipeline = None
+        self.remat = {group.scan: "none" for group in self.layer_groups}
+
+    def set_pipeline(
+        self, stages: int, microbatches: int | None = None, schedule: str | None = None
+    ) -> Evaluation:
+        """Pipelines the layer scans over ``stages`` (0: off) with ``microbatches`` and
+        ``schedule`` (defaults: the current ones, else the smallest microbatch count that
+        fills the stages, and ``gpipe``).
+
+        Raises:
+            SearchError: a stage count, microbatch count or schedule that is not valid here
+                (the message names the valid ones); the strategy is unchanged.
+        """
+        choices = self.choices
+        if not stages:
+            return self._staged_change(None, self.remat)
+        if stages not in choices.stages:
+            if choices.reason:
+                raise SearchError(f"stages={stages}: {choices.reason}; use 0 (no pipeline)")
+            raise SearchError(
+                f"stages={stages}: the {choices.axis!r} mesh axis has {choices.axis_size} "
+                f"devices, one stage each: use stages={choices.axis_size}, or 0 (no pipeline)"
+            )
+        current = self.pipeline
+        if microbatches is None:
+            before = current.microbatches if current else 0
+            fill = [m for m in choices.microbatches if m >= stages]
+            microbatches = before or (fill[0] if fill else choices.microbatches[-1])
+        if microbatches not in choices.microbatches:
+            raise SearchError(
+                f"microbatches={microbatches} does not divide the batch of "
+                f"{choices.microbatches[-1]}: use one of {list(choices.microbatches)}"
+            )
+        schedule = schedule or (current.schedule if current else "gpipe")
+        if schedule not in SCHEDULES:
+            raise SearchError(f"schedule {schedule!r}: use one of {list(SCHEDULES)}")
+        spec = PipelineSpec(stages, microbatches, axis=choices.axis, schedule=schedule)
+        return self._staged_change(spec, self.remat)
+
+    def set_remat(self, scan: int | None, policy: str) -> Evaluation:
+        """Sets layer group ``scan``'s remat policy (``none``, ``dots``, ``nothing``; ``scan``
+        None: every layer group's).
+
+        Raises:
+            SearchError: an unknown policy or layer group, or two groups with different
+                policies other than ``none`` (a plan has one policy); the strategy is
+                unchanged.
+        """
+        if policy not in POLICIES:
+            raise SearchError(f"remat policy {policy!r}: use one of {list(POLICIES)}")
+        if not self.remat:
+            raise SearchError(f"nothing to rematerialise: {self.remat_note}")
+        if scan is not None and scan not in self.remat:
+            labels = "; ".join(f"{g.scan}: {g.label}" for g in self.layer_groups)
+            raise SearchError(f"scan group {scan} is not a layer group here ({labels})")
+        remat = {k: policy for k in self.remat} if scan is None else {**self.remat, scan: policy}
+        return self._staged_change(self.pipeline, remat)
+
+    def remat_spec(self, remat: dict[int, str] | None = None) -> RematSpec | None:
+        """The ``RematSpec`` of the per-group policies (None: every group ``none``).
+
+        Raises:
+            SearchError: two groups with different policies other than ``none``.
+        """
+        remat = self.remat if remat is None else remat
+        chosen = {scan: p for scan, p in remat.items() if p != "none"}
+        if not chosen:
+            return None
+        policies = sorted(set(chosen.values()))
+        if len(policies) > 1:
+            label = {g.scan: g.label for g in self.layer_groups}
+            which = "; ".join(f"{label[s]}: {p!r}" for s, p in sorted(chosen.items()))
+            raise SearchError(
+                f"one remat policy per plan, but the layer groups ask for {which}: set them "
+                f"to the same policy (e.g. all {policies[0]!r}) or the others to 'none'"
+            )
+        scans = () if len(chosen) == len(remat) else tuple(sorted(chosen))
+        return RematSpec(policies[0], scans)
+
+    def _staged_change(self, pipeline: PipelineSpec | None, remat: dict[int, str]) -> Evaluation:
+        """Re-evaluates with new stages/remat; on an error the old ones are kept."""
+        old = self.pipeline, self.remat
+        self.remat_spec(remat)  # refuses mixed policies before anything changes
+        self.pipeline, self.remat = pipeline, remat
+        try:
+            return self._evaluate(list(self.specs))
+        except Exception:
+            self.pipeline, self.remat = old
+            raise
+
+    def _stage(self, plan: Plan) -> tuple[Plan, PipelineCost | None]:
+        """``plan`` with the editor's remat and pipeline applied, its cost the prediction of
+        both (the pipeline simulator prices the remat policy too); and the schedule."""
+        remat = self.remat_spec()
+        if remat is not None:
+            plan = with_remat(plan, remat)
+        if self.pipeline is None:
+            return plan, None
+        plan = with_pipeline(plan, self.pipeline)
+        priced = predict_pipeline(plan, self.pipeline, device=self.device)
+        plan = dataclasses.replace(plan, cost=priced.cost, notes=(*plan.notes, *priced.notes))
+        return plan, priced
+
     def _evaluate(self, specs: list[PartitionSpec]) -> Evaluation:
         start = time.perf_counter()
-        cost = predict(
-            self.fn,
-            *self.args,
-            mesh=self.mesh,
-            in_shardings=self.in_shardings(specs),
-            constraints=dict(self.constraints) or None,
-            device=self.device,
-            traced=self.traced,
-        )
+        staged: Plan | None = None
+        schedule: PipelineCost | None = None
+        if self.pipeline is not None or self.remat_spec() is not None:
+            staged, schedule = self._stage(self._hand_plan(specs, dict(self.constraints)))
+            cost = staged.cost
+        else:
+            cost = predict(
+                self.fn,
+                *self.args,
+                mesh=self.mesh,
+                in_shardings=self.in_shardings(specs),
+                constraints=dict(self.constraints) or None,
+                device=self.device,
+                traced=self.traced,
+            )
+        seconds = time.perf_counter() - start
         with self._lock:
             self.generation += 1
             self.specs = specs
             self.applied = None
             self.previous, self.current = (
                 self.current,
-                Evaluation(self.generation, tuple(specs), cost, time.perf_counter() - start),
+                Evaluation(self.generation, tuple(specs), cost, seconds, schedule, staged),
             )
             return self.current
 
@@ -295,6 +472,8 @@ class EditorModel:
         """
         generation, specs = self.generation, list(self.specs)
         constraints, applied = dict(self.constraints), self.applied
+        if applied is None and self.current is not None:  # stages or remat: that plan
+            applied = self.current.plan
 
         def job() -> None:
             start = time.perf_counter()
@@ -336,7 +515,12 @@ class EditorModel:
         """
         if self.applied is not None:  # no edit since: the plan itself
             return self.applied
-        graph, specs, constraints = self.graph, list(self.specs), dict(self.constraints)
+        if self.current is not None and self.current.plan is not None:  # stages or remat
+            return self.current.plan
+        return self._hand_plan(list(self.specs), dict(self.constraints))
+
+    def _hand_plan(self, specs: list[PartitionSpec], constraints: dict[int, PartitionSpec]) -> Plan:
+        graph = self.graph
         return fixed_plan(
             self.traced,
             self.mesh,

@@ -3,7 +3,9 @@
 The view is pinned above the controls. One table puts the predicted and compiled figures
 side by side (step time, communication per kind with its colour, memory per device), a line
 says what the last edit changed, and the strategy itself (grouped by layer) and XLA's
-compiler messages sit in collapsed sections, so the figures stay one short block.
+compiler messages sit in collapsed sections, so the figures stay one short block. With
+pipeline stages, the simulated schedule (one lane per stage, the bubble labelled) follows the
+figures.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from ..parallel.cost.profiles import comm_time, describe_profile
 from ..parallel.records import COLLECTIVE_KINDS
 from ._html import KIND_COLORS, Raw, View, esc, fmt_bytes, fmt_time, panel, table
 from .editor_model import CompileResult, Evaluation
+from .pipeline_view import schedule_html, summary_lines
 
 # What the controls do, as code: the static form (a saved or exported notebook, a front end
 # without a widget manager) says it where the dropdowns and buttons would be.
 ACTIONS = (
     "dropdowns: .edit(label, dim, axes) (a layer group's row: .edit_group(group, dim, axes)) · "
+    "pipeline: .set_pipeline(stages, microbatches, schedule) · remat: .set_remat(policy, group) · "
     "Auto: shardlab.search(...) then .apply(plan) · Reset: .reset() · Export code: .export()"
 )
 MAX_STRATEGY_ROWS = 24  # sharded leaves (groups) listed one by one
@@ -66,6 +70,7 @@ class EditorView(View):
         groups: tuple[str, ...] = (),
         source: str = "",
         compile_elapsed: float | None = None,
+        stages: tuple[str, ...] = (),
     ) -> None:
         self.evaluation = evaluation
         self.labels = labels
@@ -78,6 +83,7 @@ class EditorView(View):
         self.code = code
         self.status = status
         self.source = source
+        self.stages = stages
 
     # -- pieces ----------------------------------------------------------------------------
     def _compile_line(self) -> str:
@@ -148,6 +154,9 @@ class EditorView(View):
                 if value or actual:
                     compiled = f" (compiled {fmt_bytes(actual)})" if actual is not None else ""
                     lines.append(f"  {kind}: {fmt_bytes(value)}{compiled}")
+            lines.extend("  " + line for line in self.stages)
+            if self.evaluation.pipeline is not None:
+                lines.extend("  " + line for line in summary_lines(self.evaluation.pipeline))
             lines.extend("  changed: " + c for c in self.changes)
             sharded, replicated = self.strategy()
             if sharded or replicated:
@@ -268,6 +277,16 @@ class EditorView(View):
                 + self._strategy_html()
                 + "</div></div>"
             )
+            if self.stages:
+                parts.append(
+                    "<div class='sl-stages'>" + " · ".join(esc(t) for t in self.stages) + "</div>"
+                )
+            if self.evaluation.pipeline is not None:
+                parts.append(
+                    "<details open class='sl-editor-schedule'><summary>pipeline schedule "
+                    "(cost model, one lane per stage)</summary>"
+                    f"{schedule_html(self.evaluation.pipeline)}</details>"
+                )
         if self.compiling and self.compile_elapsed is not None:
             parts.append(
                 f"<div class='sl-compile sl-compiling'>{INDETERMINATE}"

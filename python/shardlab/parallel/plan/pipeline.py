@@ -478,6 +478,55 @@ def _batch_size(group: ScanGroup) -> tuple[int, tuple[int, ...]] | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class PipelineChoices:
+    """The pipelines ``with_pipeline`` accepts for a function on a mesh (what the editor
+    offers).
+
+    Attributes:
+        axis: the stage axis; ``axis_size`` its devices (0: the mesh has no such axis).
+        layers: the layers of the first layer scan (0: no layer scan).
+        stages: the valid stage counts (``with_pipeline`` needs one stage per device of the
+            axis, dividing the layers): ``(axis_size,)`` or ``()``.
+        microbatches: the valid microbatch counts (the divisors of the batch).
+        reason: why ``stages`` is empty, in a sentence ("" when it is not).
+    """
+
+    axis: str
+    axis_size: int
+    layers: int
+    stages: tuple[int, ...]
+    microbatches: tuple[int, ...]
+    reason: str = ""
+
+
+def pipeline_choices(graph: OpGraph, mesh: Mesh, axis: str = "stage") -> PipelineChoices:
+    """The stage and microbatch counts ``with_pipeline`` accepts for ``graph`` on ``mesh``."""
+    size = int(mesh_shape_of(mesh).get(axis, 0))
+    scans = [grp for grp in graph.scan_groups if _stacked(grp)]
+    layers = scans[0].length if scans else 0
+    batch = _batch_size(scans[0]) if scans else None
+    micro = tuple(divisors(batch[0])) if batch is not None else (1,)
+    reason = ""
+    if not scans:
+        reason = "no layer scan to pipeline (the layers must be one lax.scan over stacked params)"
+    elif not size:
+        reason = (
+            f"the mesh has no {axis!r} axis: make it with one to pipeline, e.g. "
+            f"shardlab.mesh({axis}=2, data={max(1, mesh.size // 2)})"
+        )
+    elif size < 2:
+        reason = f"the {axis!r} axis has one device: make it 2 or more to pipeline"
+    elif layers % size:
+        valid = [d for d in divisors(layers) if d > 1]
+        reason = (
+            f"the {axis!r} axis has {size} devices, one stage each, but {size} stages do "
+            f"not divide the {layers} layers; make the axis one of {valid}"
+        )
+    stages = () if reason else (size,)
+    return PipelineChoices(axis, size, layers, stages, micro, reason)
+
+
 def with_pipeline(plan: Any, spec: PipelineSpec) -> Any:
     """``plan`` with its layer scans pipelined as ``spec`` says.
 
