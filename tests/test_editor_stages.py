@@ -125,6 +125,8 @@ def test_dropdowns_change_the_plan_figures_and_it_runs_as_the_plain_step(editor,
     assert "bubble: " in html and "GPipe/MaxText definition" in html
     text = editor.view().text()
     assert "pipeline: 4 stages × 2 microbatches (1f1b)" in text
+    # the strategy lists the layers split over the stages, as the staged plan has them
+    assert re.search(r"params\[\"blocks\"\]\[\"w1\"\]: P\('stage'", text), text
     _equal(plan.jit()(*case.args), plain)
 
     controls.stages.value = 0  # off again: the plan is unpipelined, remat kept

@@ -75,7 +75,10 @@ def test_measured_lanes_name_their_stage_and_bokeh_draws_the_stages(plan):
     assert plot.lanes[0].lanes == ("stage 0", "stage 1", "stage 2", "stage 3")
     assert plot.lanes[1].lanes[0] == "stage 0 · device 0"
     plot.model()  # bokeh builds the figures for the stage lanes
-    assert any("bubble: " in n for n in plot.notes)
+    # under the plots, the labelled schedule (F/B boxes) the SVG view draws
+    assert plot.extra_html().count("class='sl-stage-forward'") == 16
+    assert "bubble: " in plot.extra_html()  # once, with the schedule (not again in the notes)
+    assert not any("bubble: " in n for n in plot.notes)
 
 
 def test_an_unpipelined_plan_is_unchanged(case):

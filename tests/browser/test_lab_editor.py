@@ -101,3 +101,69 @@ def test_editor_notebook_edits_live_in_the_browser(lab_server, lab_page):
     assert "predicted step" in plan_view.inner_text() and "optimality" in plan_view.inner_text()
     plan_view.scroll_into_view_if_needed()
     _shot(page, "lab_03_plan_display")
+
+
+def _wait_text(locator, needle: str, timeout_s: float = 60) -> str:
+    """The locator's text once it contains ``needle`` (Lab re-renders the output's DOM)."""
+    deadline = time.monotonic() + timeout_s
+    text = ""
+    while time.monotonic() < deadline:
+        text = locator.inner_text()
+        if needle in text:
+            return text
+        locator.page.wait_for_timeout(250)
+    raise AssertionError(f"{needle!r} not shown; the view says:\n{text}")
+
+
+def _options(select) -> list[str]:
+    # ipywidgets writes an option's spaces as no-break spaces
+    return select.evaluate("el => [...el.options].map(o => o.text.replace(/\u00a0/g, ' '))")
+
+
+def _choose(select, label: str) -> None:
+    select.select_option(index=_options(select).index(label))
+
+
+def test_editor_sets_stages_and_remat_in_the_browser(lab_server, lab_page):
+    """A scanned GPT on a stage × data mesh: the pipeline and remat dropdowns (labelled by
+    the user's lax.scan line) change the plan, the figures and the schedule; the timeline of
+    a pipelined plan draws one lane per stage."""
+    page = open_and_run(
+        lab_page, lab_server.base_url, lab_server.token, "pipeline_editor.ipynb", timeout=300
+    )
+    notebook = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
+    cell = notebook.locator(".jp-Cell", has=page.locator(".shardlab.sl-editor")).first
+    figures = cell.locator(".shardlab.sl-editor").first
+    figures.wait_for()
+    stages = cell.locator(".widget-dropdown", has_text="pipeline").locator("select")
+    remat = cell.locator(".widget-dropdown", has_text="remat").locator("select")
+    # only the valid stage counts; the remat row names the user's scan
+    assert _options(stages) == ["off", "4 stages"]
+    assert "lax.scan at shardlab/examples/transformer.py:212 (4 layers)" in cell.inner_text()
+    _choose(remat, "nothing: recompute all")
+    text = _wait_text(figures, "remat 'nothing'")
+    assert "memory per device:" in text  # the change line: memory fell
+    _choose(stages, "4 stages")
+    text = _wait_text(figures, "pipeline: 4 stages × 4 microbatches")
+    schedule = figures.locator(".sl-editor-schedule svg")
+    assert schedule.locator("text", has_text=re.compile(r"^stage \d$")).count() == 4
+    assert "bubble:" in text
+    micro = cell.locator(".widget-dropdown select").nth(1)
+    _choose(micro, "8 microbatches")
+    _wait_text(figures, "pipeline: 4 stages × 8 microbatches")
+    assert schedule.locator("text", has_text="F7").count() == 4  # every stage's 8th forward
+    output = cell.locator(".jp-OutputArea").first
+    output.evaluate("el => el.scrollIntoView({block: 'start'})")
+    # one screen: the figures, the schedule and the pipeline/remat controls together
+    top, bottom = figures.bounding_box(), remat.bounding_box()
+    assert bottom["y"] + bottom["height"] - top["y"] <= page.viewport_size["height"] - 60
+    _shot(page, "lab_pipeline_editor")
+    # the timeline of a pipelined plan: the bokeh plot, and the labelled schedule under it
+    timeline = notebook.locator(".shardlab.sl-bokeh-timeline").first
+    timeline.locator("canvas").first.wait_for(timeout=120_000)
+    timeline.evaluate("el => el.scrollIntoView({block: 'start'})")
+    _shot(page, "lab_pipeline_timeline")
+    drawn = timeline.locator(".sl-timeline-schedule svg")
+    assert drawn.locator("text", has_text=re.compile(r"^stage \d$")).count() == 4
+    drawn.evaluate("el => el.scrollIntoView({block: 'start'})")
+    _shot(page, "lab_pipeline_schedule")

@@ -189,10 +189,12 @@ class BokehTimelineView(BokehView):
         notes: Sequence[str] = (),
         budget: int = MAX_INTERVALS,
         stage_of: Mapping[int, int] | None = None,
+        schedule_html: str = "",
     ) -> None:
         self.timelines = tuple(timelines)
         self.fallback_view = fallback
         self.notes = tuple(notes)
+        self.schedule_html = schedule_html  # a pipelined plan's labelled schedule (SVG)
         # a pipelined plan: the model a lane per stage, measured lanes named by their stage
         self.lanes = [build_lanes(t, budget=budget, stage_of=stage_of) for t in self.timelines]
 
@@ -224,4 +226,13 @@ class BokehTimelineView(BokehView):
         notes += [t.note for t in self.timelines if t.note]
         notes.extend(self.notes)  # timeline() adds difference_note for model + measured
         notes.append("wheel: zoom time (both plots) · drag: pan · legend: click to hide a kind")
-        return "".join(f"<div class='sl-note sl-timeline-note'>{esc(n)}</div>" for n in notes)
+        schedule = (
+            "<details open class='sl-timeline-schedule'><summary>pipeline schedule (cost "
+            "model): each stage's forward (F) and backward (B) of every microbatch</summary>"
+            f"{self.schedule_html}</details>"
+            if self.schedule_html
+            else ""
+        )
+        return schedule + "".join(
+            f"<div class='sl-note sl-timeline-note'>{esc(n)}</div>" for n in notes
+        )

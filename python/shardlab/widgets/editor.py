@@ -576,9 +576,13 @@ class StrategyEditor:
         )
 
     def stage_lines(self) -> tuple[str, ...]:
-        """The pipeline and remat settings in words, for the figures."""
+        """The pipeline and remat settings of the figures shown (the current evaluation),
+        in words."""
         model, lines = self.model, []
-        spec = model.pipeline
+        current = model.current
+        if current is None:
+            return ()
+        spec = current.pipeline.spec if current.pipeline is not None else None
         if spec is not None:
             lines.append(
                 f"pipeline: {spec.stages} stages × {spec.microbatches} microbatches "
@@ -586,8 +590,9 @@ class StrategyEditor:
             )
         elif model.choices.stages:
             lines.append("pipeline: off")
+        remat = dict(current.remat)
         for group in model.layer_groups:
-            policy = model.remat.get(group.scan, "none")
+            policy = remat.get(group.scan, "none")
             if policy != "none":
                 lines.append(f"remat {policy!r}: {group.label}")
         return tuple(lines)

@@ -100,7 +100,8 @@ class Evaluation:
     """The figures of one valid strategy.
 
     ``pipeline``: the simulated schedule when the strategy has pipeline stages; ``plan``:
-    the strategy as a plan when it has stages or remat (what is compiled)."""
+    the strategy as a plan when it has stages or remat (what is compiled); ``remat``: the
+    policy per layer group (scan index), as evaluated."""
 
     generation: int
     specs: tuple[PartitionSpec, ...]
@@ -108,6 +109,7 @@ class Evaluation:
     seconds: float  # how long the prediction took
     pipeline: PipelineCost | None = None
     plan: Plan | None = None
+    remat: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass
@@ -308,9 +310,8 @@ class EditorModel:
         self.constraints = {
             node: outs[0] for node, outs in plan.intermediate_specs().items() if outs and outs[0]
         }
-        self.pipeline = plan.pipeline
         remat = plan.remat
-        self.remat = {
+        policies = {
             g.scan: (
                 remat.policy if remat and (not remat.scans or g.scan in remat.scans) else "none"
             )
@@ -323,10 +324,17 @@ class EditorModel:
             self.generation += 1
             self.specs = specs
             self.applied = plan
-            self.previous, self.current = (
-                self.current,
-                Evaluation(self.generation, tuple(specs), plan.cost, 0.0, schedule, plan),
+            self.pipeline, self.remat = plan.pipeline, policies
+            evaluation = Evaluation(
+                self.generation,
+                tuple(specs),
+                plan.cost,
+                0.0,
+                schedule,
+                plan,
+                tuple(sorted(policies.items())),
             )
+            self.previous, self.current = self.current, evaluation
             return self.current
 
     # -- pipeline stages and remat -----------------------------------------------------------
@@ -413,35 +421,39 @@ class EditorModel:
         return RematSpec(policies[0], scans)
 
     def _staged_change(self, pipeline: PipelineSpec | None, remat: dict[int, str]) -> Evaluation:
-        """Re-evaluates with new stages/remat; on an error the old ones are kept."""
-        old = self.pipeline, self.remat
-        self.remat_spec(remat)  # refuses mixed policies before anything changes
-        self.pipeline, self.remat = pipeline, remat
-        try:
-            return self._evaluate(list(self.specs))
-        except Exception:
-            self.pipeline, self.remat = old
-            raise
+        """Re-evaluates with new stages/remat; they are kept only if it succeeds."""
+        return self._evaluate(list(self.specs), staging=(pipeline, dict(remat)))
 
-    def _stage(self, plan: Plan) -> tuple[Plan, PipelineCost | None]:
-        """``plan`` with the editor's remat and pipeline applied, its cost the prediction of
-        both (the pipeline simulator prices the remat policy too); and the schedule."""
-        remat = self.remat_spec()
+    def _stage(
+        self, plan: Plan, pipeline: PipelineSpec | None, remat: RematSpec | None
+    ) -> tuple[Plan, PipelineCost | None]:
+        """``plan`` with ``remat`` and ``pipeline`` applied, its cost the prediction of both
+        (the pipeline simulator prices the remat policy too); and the schedule."""
         if remat is not None:
             plan = with_remat(plan, remat)
-        if self.pipeline is None:
+        if pipeline is None:
             return plan, None
-        plan = with_pipeline(plan, self.pipeline)
-        priced = predict_pipeline(plan, self.pipeline, device=self.device)
+        plan = with_pipeline(plan, pipeline)
+        priced = predict_pipeline(plan, pipeline, device=self.device)
         plan = dataclasses.replace(plan, cost=priced.cost, notes=(*plan.notes, *priced.notes))
         return plan, priced
 
-    def _evaluate(self, specs: list[PartitionSpec]) -> Evaluation:
+    def _evaluate(
+        self,
+        specs: list[PartitionSpec],
+        staging: tuple[PipelineSpec | None, dict[int, str]] | None = None,
+    ) -> Evaluation:
+        """Predicts ``specs`` (with ``staging``'s pipeline and remat, default the current
+        ones); the model's state changes only when the prediction succeeds (a view drawn
+        meanwhile from another thread shows the last evaluation, consistently)."""
         start = time.perf_counter()
+        pipeline, remat = staging if staging is not None else (self.pipeline, dict(self.remat))
+        remat_spec = self.remat_spec(remat)  # refuses mixed policies
         staged: Plan | None = None
         schedule: PipelineCost | None = None
-        if self.pipeline is not None or self.remat_spec() is not None:
-            staged, schedule = self._stage(self._hand_plan(specs, dict(self.constraints)))
+        if pipeline is not None or remat_spec is not None:
+            hand = self._hand_plan(specs, dict(self.constraints))
+            staged, schedule = self._stage(hand, pipeline, remat_spec)
             cost = staged.cost
         else:
             cost = predict(
@@ -458,10 +470,17 @@ class EditorModel:
             self.generation += 1
             self.specs = specs
             self.applied = None
-            self.previous, self.current = (
-                self.current,
-                Evaluation(self.generation, tuple(specs), cost, seconds, schedule, staged),
+            self.pipeline, self.remat = pipeline, remat
+            evaluation = Evaluation(
+                self.generation,
+                tuple(specs),
+                cost,
+                seconds,
+                schedule,
+                staged,
+                tuple(sorted(remat.items())),
             )
+            self.previous, self.current = self.current, evaluation
             return self.current
 
     def compile(self, on_done: Callable[[CompileResult], None] | None = None) -> threading.Thread:

@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec
 
 from ..parallel.cost.profiles import comm_time, describe_profile
 from ..parallel.records import COLLECTIVE_KINDS
+from ..parallel.specs import make_spec
 from ._html import KIND_COLORS, Raw, View, esc, fmt_bytes, fmt_time, panel, table
 from .editor_model import CompileResult, Evaluation
 from .pipeline_view import schedule_html, summary_lines
@@ -117,9 +118,13 @@ class EditorView(View):
             return [], 0
         by_group: dict[str, list[tuple[str, str]]] = {}
         replicated = 0
-        for label, group, spec in zip(
-            self.labels, self.groups, self.evaluation.specs, strict=False
-        ):
+        plan = self.evaluation.plan  # with stages: the layers split over the stage axis
+        specs = (
+            [make_spec(layout) for layout in plan.input_specs]
+            if plan is not None
+            else self.evaluation.specs
+        )
+        for label, group, spec in zip(self.labels, self.groups, specs, strict=False):
             if _is_sharded(spec):
                 by_group.setdefault(group, []).append((label, spec_text(spec)))
             else:

@@ -141,8 +141,9 @@ class TimelineView(View):
         for t in self.timelines:
             lines.append(self._summary(t))
             lines.append(f"  {t.note}")
-            if t.stages and self.pipeline is not None:
+            if t.stages and self.pipeline is not None:  # its transfers are all exposed
                 lines.extend(f"  {line}" for line in summary_lines(self.pipeline))
+                continue
             exposed = [e for e in t.events if e.exposed > 0]
             for e in exposed[:10]:
                 lines.append(
@@ -202,8 +203,6 @@ class TimelineView(View):
         from .bokeh_timeline import BokehTimelineView
 
         extra = [f"model priced by the {self.priced_by}"] if self.priced_by else []
-        if self.pipeline is not None:
-            extra.extend(summary_lines(self.pipeline))
         gaps = self.gaps()
         if gaps:
             extra.append(
@@ -211,7 +210,11 @@ class TimelineView(View):
                 + "; ".join(f"{p} {fmt_time(m)} → {fmt_time(x)}" for p, m, x in gaps)
             )
         return BokehTimelineView(
-            self.timelines, fallback=self, notes=(*extra, *self.notes), stage_of=self.stage_of
+            self.timelines,
+            fallback=self,
+            notes=(*extra, *self.notes),
+            stage_of=self.stage_of,
+            schedule_html=schedule_html(self.pipeline) if self.pipeline is not None else "",
         )
 
     def _ipython_display_(self) -> None:
