@@ -208,13 +208,21 @@ class BokehTimelineView(BokehView):
         from bokeh.layouts import column
         from bokeh.models import Range1d
 
-        longest = max((t.total for t in self.timelines), default=1e-6) or 1e-6
-        unit, factor = time_unit(longest)
-        x_range = Range1d(0, longest * factor * 1.02, bounds=(0, longest * factor * 1.05))
+        def time_range(longest: float) -> tuple[str, float, Any]:
+            unit, factor = time_unit(longest or 1e-6)
+            end = (longest or 1e-6) * factor
+            return unit, factor, Range1d(0, end * 1.02, bounds=(0, end * 1.05))
+
+        # One linked time axis; but a pipelined plan's model is the pipelined part of the
+        # step only (the measured trace is the whole step): each keeps its own axis.
+        linked = not any(t.stages for t in self.timelines)
+        shared = time_range(max((t.total for t in self.timelines), default=1e-6))
         figures = []
         for t, lanes in zip(self.timelines, self.lanes, strict=True):
+            unit, factor, x_range = shared if linked else time_range(t.total)
             summary = (
-                f"{lanes.title}: step {fmt_time(t.total)} · compute {fmt_time(t.compute)} · "
+                f"{lanes.title}: {'pipelined part' if t.stages else 'step'} "
+                f"{fmt_time(t.total)} · compute {fmt_time(t.compute)} · "
                 f"communication {fmt_time(t.communication)}, {fmt_time(t.exposed)} of it not "
                 "hidden behind compute"
             )
@@ -225,7 +233,9 @@ class BokehTimelineView(BokehView):
         notes = [lanes.note() for lanes in self.lanes if lanes.reduced]
         notes += [t.note for t in self.timelines if t.note]
         notes.extend(self.notes)  # timeline() adds difference_note for model + measured
-        notes.append("wheel: zoom time (both plots) · drag: pan · legend: click to hide a kind")
+        linked = not any(t.stages for t in self.timelines)
+        both = "both plots" if linked and len(self.timelines) > 1 else "each plot"
+        notes.append(f"wheel: zoom time ({both}) · drag: pan · legend: click to hide a kind")
         schedule = (
             "<details open class='sl-timeline-schedule'><summary>pipeline schedule (cost "
             "model): each stage's forward (F) and backward (B) of every microbatch</summary>"

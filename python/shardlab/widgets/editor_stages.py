@@ -57,7 +57,10 @@ class StageControls:
         self.schedule = w.Dropdown(
             options=SCHEDULE_OPTIONS, value="gpipe", layout=w.Layout(width="90px")
         )
-        why = choices.reason if not choices.stages else f"over the {choices.axis!r} mesh axis"
+        why = choices.reason or (
+            f"over the {choices.axis!r} mesh axis: the stacked layers (and their optimizer "
+            "state) are split over it on their layer dim"
+        )
         row: list[Any] = [
             self.stages,
             self.microbatches,

@@ -130,8 +130,9 @@ class TimelineView(View):
     @staticmethod
     def _summary(t: Timeline) -> str:
         title = "measured" if t.measured else "cost model"
+        step = "pipelined part (compute: the mean stage)" if t.stages else "step"
         return (
-            f"{title}: step {fmt_time(t.total)}; compute {fmt_time(t.compute)}, communication "
+            f"{title}: {step} {fmt_time(t.total)}; compute {fmt_time(t.compute)}, communication "
             f"{fmt_time(t.communication)} of which {fmt_time(t.exposed)} not overlapped with "
             f"compute ({fmt_time(t.hidden)} hidden)"
         )
