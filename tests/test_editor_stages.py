@@ -187,3 +187,19 @@ def test_one_dropdown_per_layer_scan_and_one_policy_per_plan():
         _equal(got, jax.jit(step)(*args))
     finally:
         ed.close()
+
+
+def test_applying_a_pipelined_plan_shows_its_stages_and_remat(editor, case):
+    plan = shardlab.strategies.pipeline_data(
+        case.fn, *case.args, mesh=editor.model.mesh, microbatches=2, remat="dots"
+    )
+    editor.apply(plan, refresh=False)
+    controls = editor.stage_controls
+    assert (controls.stages.value, controls.microbatches.value) == (4, 2)
+    assert [d.value for d in controls.remat.values()] == ["dots"]
+    assert editor.model.plan() is plan and editor.model.current.cost == plan.cost
+    assert editor.model.current.pipeline.spec == plan.pipeline  # its schedule is drawn
+    assert "sl-stage-forward" in editor.view().html()
+    controls.microbatches.value = 8  # an edit from there: a hand plan with those stages
+    assert editor.model.plan().pipeline == PipelineSpec(4, 8)
+    assert editor.model.plan().remat == RematSpec("dots")

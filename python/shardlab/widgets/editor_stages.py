@@ -58,8 +58,7 @@ class StageControls:
             options=SCHEDULE_OPTIONS, value="gpipe", layout=w.Layout(width="90px")
         )
         why = choices.reason or (
-            f"over the {choices.axis!r} mesh axis: the stacked layers (and their optimizer "
-            "state) are split over it on their layer dim"
+            f"over the {choices.axis!r} axis (the stacked layers split over it)"
         )
         row: list[Any] = [
             self.stages,
