@@ -80,6 +80,9 @@ class _Propagator:
         self.spans: list[tuple[int, int, int, float]] = []
         self.collective_nodes: list[int] = []
         self.live: list[bool] = []
+        # Layouts fixed on results (output shardings): the partitioner propagates them
+        # back into the op computing the result.
+        self.targets: dict[int, L.DimAxes] = {}
 
     # -- emitting --------------------------------------------------------------------------
     def emit(self, kind: str, nbytes: int, group: int, axes: tuple[str, ...]) -> None:
@@ -128,13 +131,87 @@ class _Propagator:
             n = math.prod(self.sizes[a] for a in scatter)
             self.emit("reduce-scatter", full // n, n, scatter)
             self.lay[var] = target
+        elif scatter and self._split_elsewhere(var, axes, scatter, target):
+            # No reduce-scatter (XLA:CPU): the consumer's split over reduced axes is
+            # computed on the devices the value is replicated over instead (their slices
+            # of it are free), the partial sums are all-reduced in those pieces, and a
+            # collective-permute moves each piece to its device in the target layout.
+            n = math.prod(self.sizes[a] for a in scatter)
+            used = {a for d in dims for a in d}
+            self.emit("all-reduce", full // n, group, axes)
+            # the devices the pieces were computed on: the reduced and the replica axes
+            moved = tuple(a for a in self.sizes if a in axes or a in scatter or a not in used)
+            self.emit("collective-permute", full // n, 2, moved)
+            assert target is not None
+            self.lay[var] = target
         else:
             self.emit("all-reduce", full, group, axes)
+
+    def _split_elsewhere(
+        self,
+        var: int,
+        axes: tuple[str, ...],
+        scatter: tuple[str, ...],
+        target: L.DimAxes | None,
+    ) -> bool:
+        """Whether the partitioner computes a matmul's or convolution's partial sum that
+        its consumer wants split over reduced axes (``scatter``) split as much over the
+        value's replica axes (the dot handler's choice; a reduction is reduced whole):
+        the target adds only the reduced axes to the value's layout, and the mesh axes the
+        value is neither split nor reduced over hold a multiple of that many devices."""
+        if target is None:
+            return False
+        origin = var  # the op that made the partial sum, through the ops it passed
+        while (p := self.g.producer(origin)) >= 0 and self.g.nodes[p].primitive in PASS_PARTIAL:
+            origin = self.g.nodes[p].inputs[0]
+        p = self.g.producer(origin)
+        if p < 0 or self.g.nodes[p].primitive not in ("dot_general", "conv_general_dilated"):
+            return False  # a reduction: all-reduced whole, then sliced
+        dims = self.layout(var)
+        if len(target) != len(dims):
+            return False
+        for d, t in zip(dims, target, strict=True):
+            if tuple(t[: len(d)]) != tuple(d) or any(a not in scatter for a in t[len(d) :]):
+                return False
+        used = {a for d in dims for a in d} | set(axes)
+        free = math.prod(n for a, n in self.sizes.items() if a not in used)
+        n = math.prod(self.sizes[a] for a in scatter)
+        return n > 1 and free % n == 0
+
+    def _source(self, var: int) -> int:
+        """The value ``var`` is computed from by cheap unary elementwise ops (a scalar
+        factor, a square, a cast) in the same layout: the partitioner reshards that value
+        once and computes the cheap ops in the new layout, so two such values of one source
+        (a gradient scaled, and squared, for Adam's moments) share one reshard."""
+        while True:
+            p = self.g.producer(var)
+            if p < 0 or var in self.partial:
+                return var
+            node = self.g.nodes[p]
+            if node.primitive not in ELEMENTWISE and node.primitive != "convert_element_type":
+                return var
+            big = [u for u in node.inputs if self.g.shapes[u]]
+            if len(big) != 1 or len(node.outputs) != 1:
+                return var
+            (u,) = big
+            if (
+                self.g.shapes[u] != self.g.shapes[var]
+                or self.layout(u) != self.layout(var)
+                or self.partial.get(u)
+                or self.g.nbytes(u) != self.g.nbytes(var)
+            ):
+                return var
+            var = u
 
     def reshard(self, var: int, target: L.DimAxes) -> None:
         """Make ``var`` available in layout ``target`` (a cached copy, like XLA's CSE)."""
         self.resolve_partial(var, target)
         src = self.layout(var)
+        if src != target and any(target) and any(src):
+            root = self._source(var)
+            if root != var:
+                self.cache.setdefault((var, target), None)
+                var = root
         if src == target or (var, target) in self.cache:
             return
         self.cache[(var, target)] = None
@@ -211,15 +288,20 @@ class _Propagator:
         self.seconds += self.profile.op_time(rule.flops / used, nbytes) * self.count
 
     def choose(self, node: Node, rule: OpRule) -> dict[int, tuple[str, ...]]:
-        def rank(i: int) -> tuple[int, int, int]:
+        def rank(i: int) -> tuple[int, int, int, int]:
             v = node.inputs[i]
-            # Of equal-sized operands of an elementwise op, the most finely split leads (as
-            # XLA's propagation takes the most specific operand sharding): slicing the others
-            # is free, gathering it is not.
+            # Of equal-sized operands of an elementwise op, one already in the layout fixed
+            # on the result (an output sharding, propagated back) leads; then the most
+            # finely split (as XLA's propagation takes the most specific operand sharding):
+            # slicing the others is free, gathering it is not.
             split = L.shard_count(self.layout(v), self.sizes) if elementwise else 1
-            return (-self.g.nbytes(v), -split, i)
+            fits = 0 if wanted is not None and self.layout(v) == wanted else 1
+            return (-self.g.nbytes(v), fits, -split, i)
 
         elementwise = node.primitive in ELEMENTWISE
+        wanted = None
+        if elementwise and len(node.outputs) == 1:
+            wanted = self.targets.get(node.outputs[0])
         order = sorted(range(len(node.inputs)), key=rank)
         chosen: dict[int, tuple[str, ...]] = {}
         used: set[str] = set()
@@ -311,8 +393,12 @@ def _forward(
     sizes: Mapping[str, int],
     profile: DeviceProfile,
     constraints: Mapping[int, L.DimAxes],
+    output_layouts: list[L.DimAxes | None] | None = None,
 ) -> _Propagator:
     p = _Propagator(graph, sizes, profile)
+    for v, target in zip(graph.outputs, output_layouts or (), strict=False):
+        if target is not None and graph.producer(v) >= 0:
+            p.targets.setdefault(v, target)
     for v, dims in zip(graph.inputs, input_layouts, strict=True):
         p.lay[v] = dims
     for v, value in enumerate(graph.literal):
@@ -392,10 +478,10 @@ def propagate(
         output_layouts: per graph output, the layout it must end in (``None``: as computed).
     """
     fixed = dict(constraints or {})
-    p = _forward(graph, input_layouts, sizes, profile, fixed)
+    p = _forward(graph, input_layouts, sizes, profile, fixed, output_layouts)
     pulled = _pull_back(graph, p, sizes, fixed)
     if pulled:
-        p = _forward(graph, input_layouts, sizes, profile, {**pulled, **fixed})
+        p = _forward(graph, input_layouts, sizes, profile, {**pulled, **fixed}, output_layouts)
     live = p.live
     p.node = None
     targets = output_layouts or [None] * len(graph.outputs)
