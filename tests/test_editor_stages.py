@@ -102,6 +102,7 @@ def test_dropdowns_change_the_plan_figures_and_it_runs_as_the_plain_step(editor,
     assert nothing < dots < plain_memory  # remat keeps less for the backward scan
     assert model.plan().remat == RematSpec("nothing")
     assert "remat 'nothing': lax.scan at" in editor.view().text()
+    assert "changed: remat: dots → nothing" in editor.view().text()
     _equal(model.plan().jit()(*case.args), plain)
 
     controls.stages.value = 4  # stages on: the smallest microbatch count filling them
@@ -125,6 +126,7 @@ def test_dropdowns_change_the_plan_figures_and_it_runs_as_the_plain_step(editor,
     assert "bubble: " in html and "GPipe/MaxText definition" in html
     text = editor.view().text()
     assert "pipeline: 4 stages × 2 microbatches (1f1b)" in text
+    assert "changed: pipeline: 4 stages × 2 microbatches (gpipe) → 4 stages × 2 " in text
     # the strategy lists the layers split over the stages, as the staged plan has them
     assert re.search(r"params\[\"blocks\"\]\[\"w1\"\]: P\('stage'", text), text
     _equal(plan.jit()(*case.args), plain)

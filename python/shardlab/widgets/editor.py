@@ -31,7 +31,7 @@ from ..parallel.search.driver import search
 from ..parallel.specs import ShardingSpecError, spec_entries
 from ._html import esc
 from ._live import LiveDisplay, guarded, show_controls
-from .editor_model import CompileResult, EditorModel, diff
+from .editor_model import CompileResult, EditorModel, diff, stage_diff
 from .editor_stages import StageControls
 from .editor_view import ACTIONS, EditorView
 from .long_work import TickingBar
@@ -558,7 +558,12 @@ class StrategyEditor:
     # -- display ---------------------------------------------------------------------------
     def view(self) -> EditorView:
         current, previous = self.model.current, self.model.previous
-        changes = diff(previous.cost if previous else None, current.cost) if current else []
+        changes = (
+            stage_diff(previous, current, self.model.layer_groups)
+            + diff(previous.cost if previous else None, current.cost)
+            if current
+            else []
+        )
         applied = self.model.applied
         return EditorView(
             current,

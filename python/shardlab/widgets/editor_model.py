@@ -576,6 +576,31 @@ class EditorModel:
         return self.plan().to_code()
 
 
+def _stages_text(evaluation: Evaluation) -> str:
+    if evaluation.pipeline is None:
+        return "off"
+    spec = evaluation.pipeline.spec
+    return f"{spec.stages} stages × {spec.microbatches} microbatches ({spec.schedule})"
+
+
+def stage_diff(
+    before: Evaluation | None, after: Evaluation, groups: tuple[LayerGroup, ...] = ()
+) -> list[str]:
+    """What an edit changed in the pipeline and the remat policies, in words."""
+    if before is None:
+        return []
+    out = []
+    if _stages_text(before) != _stages_text(after):
+        out.append(f"pipeline: {_stages_text(before)} → {_stages_text(after)}")
+    old, new = dict(before.remat), dict(after.remat)
+    for group in groups:
+        a, b = old.get(group.scan, "none"), new.get(group.scan, "none")
+        if a != b:
+            where = f" ({group.label})" if len(groups) > 1 else ""
+            out.append(f"remat{where}: {a} → {b}")
+    return out
+
+
 def diff(before: CostBreakdown | None, after: CostBreakdown) -> list[str]:
     """What changed between two predictions, in words and human units."""
     if before is None:
@@ -595,4 +620,4 @@ def diff(before: CostBreakdown | None, after: CostBreakdown) -> list[str]:
     return out or ["no change in the predicted figures"]
 
 
-__all__ = ["EditorModel", "Evaluation", "Leaf", "ShardingSpecError", "diff"]
+__all__ = ["EditorModel", "Evaluation", "Leaf", "ShardingSpecError", "diff", "stage_diff"]
