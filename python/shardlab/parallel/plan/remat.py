@@ -53,7 +53,7 @@ from shardlab.parallel.graph.opgraph import OpGraph, ScanGroup
 from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.records import RematSpec
 
-__all__ = ["POLICIES", "plan_remat_cost", "remat_runners", "with_remat"]
+__all__ = ["POLICIES", "plan_remat_cost", "remat_runners", "remat_variants", "with_remat"]
 
 
 def remat_runners(
@@ -182,9 +182,9 @@ def _backward_runner(
     return runner
 
 
-def plan_remat_cost(plan: Any, spec: RematSpec) -> RematCost:
-    """The cost model's account of ``spec`` on ``plan`` (``cost/remat.py``): the plan's
-    propagation re-run from its layouts, then the residual stacks dropped and kept."""
+def _priced(plan: Any) -> tuple[OpGraph, Any, dict[str, int], Any]:
+    """The plan's graph, its propagation re-run from its layouts, the mesh sizes and the
+    memory estimate without remat: what every remat spec on ``plan`` is priced against."""
     b = plan.binding
     if b is None:
         raise SearchError(
@@ -203,8 +203,30 @@ def plan_remat_cost(plan: Any, spec: RematSpec) -> RematCost:
         constraints=constraints or None,
         output_layouts=list(plan.output_specs),
     )
-    base = memory_estimate(g, prop, sizes, profile)
+    return g, prop, sizes, memory_estimate(g, prop, sizes, profile)
+
+
+def plan_remat_cost(plan: Any, spec: RematSpec) -> RematCost:
+    """The cost model's account of ``spec`` on ``plan`` (``cost/remat.py``): the plan's
+    propagation re-run from its layouts, then the residual stacks dropped and kept."""
+    g, prop, sizes, base = _priced(plan)
     return remat_cost(g, prop, sizes, base, spec)
+
+
+def _applied(plan: Any, spec: RematSpec, got: RematCost) -> Any:
+    cost = dataclasses.replace(
+        plan.cost,
+        memory=got.memory,
+        flops=plan.cost.flops + got.recompute_flops,
+        compute_time=plan.cost.compute_time + got.recompute_time,
+    )
+    note = (
+        f"remat {spec.policy} on scan groups {list(got.scans)}: "
+        f"{human_bytes(got.dropped_bytes)} of residuals dropped, "
+        f"{human_bytes(got.saved_bytes)} of layer inputs kept, "
+        f"{got.recompute_flops:.3g} flops recomputed per device"
+    )
+    return dataclasses.replace(plan, remat=spec, cost=cost, notes=(*plan.notes, note))
 
 
 def with_remat(plan: Any, spec: RematSpec | str) -> Any:
@@ -226,17 +248,13 @@ def with_remat(plan: Any, spec: RematSpec | str) -> Any:
     if isinstance(spec, str):
         spec = RematSpec(spec)
     check_policy(spec.policy)
-    got = plan_remat_cost(plan, spec)
-    cost = dataclasses.replace(
-        plan.cost,
-        memory=got.memory,
-        flops=plan.cost.flops + got.recompute_flops,
-        compute_time=plan.cost.compute_time + got.recompute_time,
-    )
-    note = (
-        f"remat {spec.policy} on scan groups {list(got.scans)}: "
-        f"{human_bytes(got.dropped_bytes)} of residuals dropped, "
-        f"{human_bytes(got.saved_bytes)} of layer inputs kept, "
-        f"{got.recompute_flops:.3g} flops recomputed per device"
-    )
-    return dataclasses.replace(plan, remat=spec, cost=cost, notes=(*plan.notes, note))
+    return _applied(plan, spec, plan_remat_cost(plan, spec))
+
+
+def remat_variants(plan: Any, specs: list[RematSpec]) -> list[Any]:
+    """``with_remat(plan, spec)`` for each of ``specs``, the plan's propagation run once
+    (the search prices every policy and layer group this way)."""
+    if not specs:
+        return []
+    g, prop, sizes, base = _priced(plan)
+    return [_applied(plan, s, remat_cost(g, prop, sizes, base, s)) for s in specs]

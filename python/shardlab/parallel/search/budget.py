@@ -20,6 +20,8 @@ from shardlab.parallel.search.methods import Solver
 from shardlab.parallel.search.recursive import SAFETY_TIME, sub_node_limit
 from shardlab.parallel.search.space import Space
 
+STALL = 4  # Lagrangian rounds without a smaller peak before the penalty search stops
+
 
 def _memory_penalty(space: Space, lam: float) -> list[np.ndarray]:
     """Per unit, ``lam`` × per-device bytes of what each candidate holds (a memory proxy)."""
@@ -108,8 +110,12 @@ def solve_within_budget(
                 found.append((space.total(choice), choice, optimal, f"{len(rows)} ILP memory rows"))
                 break
             rows.append(_memory_row(space, peak_buffers(space, choice), budget))
-    # Lagrangian: trade seconds for bytes until the plan fits.
+    # Lagrangian: trade seconds for bytes until the plan fits. Once the penalty dominates,
+    # a larger one finds no smaller plan: after STALL rounds without a smaller peak the
+    # memory-lightest layouts are reached and the budget is out of the search's reach
+    # (counted from the first round whose penalty changed the plan).
     lam = 1e-3 * max(1e-12, space.total(choice)) / max(1.0, fits(choice))
+    stalled, moved, unconstrained = 0, False, fits(choice)
     for _ in range(40 if not found else 0):
         extra = _memory_penalty(space, lam)
         trial, _ = solver.run(
@@ -119,9 +125,13 @@ def solve_within_budget(
             quiet=True,
         )
         mem = fits(trial)
-        smallest = min(smallest, mem)
         if mem <= budget:
             found.append((space.total(trial), trial, False, f"a memory penalty (λ={lam:.3g} s/B)"))
+            break
+        moved = moved or mem != unconstrained  # rounds before the penalty bites do not count
+        stalled = stalled + 1 if moved and mem >= smallest else 0
+        smallest = min(smallest, mem)
+        if stalled >= STALL:
             break
         lam *= 3.0
     for name, seed in seeds():

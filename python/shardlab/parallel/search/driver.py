@@ -32,7 +32,7 @@ from shardlab.parallel.plan.pipeline import with_pipeline
 from shardlab.parallel.plan.plan import Plan
 from shardlab.parallel.records import PipelineSpec
 from shardlab.parallel.search.annotations import resolve_annotations
-from shardlab.parallel.search.baselines import baselines
+from shardlab.parallel.search.baselines import baselines, zero
 from shardlab.parallel.search.bounds import check_budget
 from shardlab.parallel.search.budget import solve_within_budget
 from shardlab.parallel.search.build import build_space
@@ -44,6 +44,7 @@ from shardlab.parallel.search.confirm import Reports
 from shardlab.parallel.search.confirm import confirm as confirm_compiled
 from shardlab.parallel.search.ilp import ilp_size
 from shardlab.parallel.search.methods import Best, Solver
+from shardlab.parallel.search.mix import choose, remat_specs, unreachable
 from shardlab.parallel.search.scan_ties import tie_scan_choices
 from shardlab.parallel.search.space import Space
 from shardlab.parallel.search.stages import PipelineChoice, choose_pipeline
@@ -201,71 +202,80 @@ def search(
             )
     target = None if memory_budget is None else float(memory_budget)
     budget_bytes = float("inf") if memory_budget is None else float(memory_budget)
-    for attempt in range(3 if verify_budget else 1):
-        best = Best(space)
-        solver = Solver(space, best, report, notes, n_batch)
-        complete, optimal = True, None
-        try:
-            if target is not None:
-                choice, optimal = solve_within_budget(
-                    solver,
-                    used,
-                    target,
-                    time_limit=time_limit,
-                    seeds=lambda: _baseline_seeds(problem, space),
-                )
-            else:
-                choice, optimal = solver.run(used, time_limit=time_limit)
-        except KeyboardInterrupt:
-            choice, complete, optimal = best.choice, False, False
-            notes.append("interrupted: the best plan found so far (not complete)")
-        except SearchError as e:
-            if attempt == 0:
-                raise
-            why = f"{notes[-1]}; with the model's budget tightened to {target:.0f} B: {e}"
-            plan = _compiled_baseline(problem, budget_bytes, used, notes, why)
-            break
-        choice = tie_scan_choices(space, choice)  # one choice per scan-body equation
-        report(0.95, "building the plan")
-        plan = make_plan(
-            space,
-            choice,
-            Binding(traced, mesh),
-            method=used if method != "auto" else f"auto:{used}",
-            optimal=optimal,
-            complete=complete,
-            notes=list(notes),
-            memory_budget=memory_budget,
-            start=start,
-        )
-        if method == "auto" and complete and not annotations:
-            if confirm == "background":
-                plan = _in_background(plan, problem, memory_budget, target)
-            elif confirm:
-                plan = _confirmed(plan, problem, memory_budget, target, report)
-            else:
-                plan = _portfolio(plan, problem, target)
-                if unconfirmed_note is not None:
-                    plan = dataclasses.replace(plan, notes=(*plan.notes, unconfirmed_note))
-        if memory_budget is None or not verify_budget or not complete:
-            break
-        report(0.97, "compiling to check the memory budget")
-        compiled = problem.reports.get(plan).memory.total  # reused when auto confirmed it
-        if compiled <= memory_budget:
-            plan = dataclasses.replace(
-                plan,
-                notes=(*plan.notes, f"compiled per-device memory {compiled} B fits the budget"),
+    failure: SearchError | None = None
+    try:
+        for attempt in range(3 if verify_budget else 1):
+            best = Best(space)
+            solver = Solver(space, best, report, notes, n_batch)
+            complete, optimal = True, None
+            try:
+                if target is not None:
+                    choice, optimal = solve_within_budget(
+                        solver,
+                        used,
+                        target,
+                        time_limit=time_limit,
+                        seeds=lambda: _baseline_seeds(problem, space),
+                    )
+                else:
+                    choice, optimal = solver.run(used, time_limit=time_limit)
+            except KeyboardInterrupt:
+                choice, complete, optimal = best.choice, False, False
+                notes.append("interrupted: the best plan found so far (not complete)")
+            except SearchError as e:
+                if attempt == 0:
+                    raise
+                why = f"{notes[-1]}; with the model's budget tightened to {target:.0f} B: {e}"
+                plan = _compiled_baseline(problem, budget_bytes, used, notes, why)
+                break
+            choice = tie_scan_choices(space, choice)  # one choice per scan-body equation
+            report(0.95, "building the plan")
+            plan = make_plan(
+                space,
+                choice,
+                Binding(traced, mesh),
+                method=used if method != "auto" else f"auto:{used}",
+                optimal=optimal,
+                complete=complete,
+                notes=list(notes),
+                memory_budget=memory_budget,
+                start=start,
             )
-            break
-        assert target is not None
-        target *= 0.98 * memory_budget / compiled
-        notes.append(
-            f"the plan compiles to {compiled} B per device, over the budget "
-            f"{memory_budget:.0f} B (the model predicted {plan.cost.memory.peak} B)"
-        )
-    else:
-        why = f"{notes[-1]} after 3 tightened searches"
-        plan = _compiled_baseline(problem, budget_bytes, used, notes, why)
+            if method == "auto" and complete and not annotations:
+                if confirm == "background":
+                    plan = _in_background(plan, problem, memory_budget, target)
+                elif confirm:
+                    plan = _confirmed(plan, problem, memory_budget, target, report)
+                else:
+                    plan = _portfolio(plan, problem, target)
+                    if unconfirmed_note is not None:
+                        plan = dataclasses.replace(plan, notes=(*plan.notes, unconfirmed_note))
+            if memory_budget is None or not verify_budget or not complete:
+                break
+            report(0.97, "compiling to check the memory budget")
+            compiled = problem.reports.get(plan).memory.total  # reused when auto confirmed it
+            if compiled <= memory_budget:
+                plan = dataclasses.replace(
+                    plan,
+                    notes=(*plan.notes, f"compiled per-device memory {compiled} B fits the budget"),
+                )
+                break
+            assert target is not None
+            target *= 0.98 * memory_budget / compiled
+            notes.append(
+                f"the plan compiles to {compiled} B per device, over the budget "
+                f"{memory_budget:.0f} B (the model predicted {plan.cost.memory.peak} B)"
+            )
+        else:
+            why = f"{notes[-1]} after 3 tightened searches"
+            plan = _compiled_baseline(problem, budget_bytes, used, notes, why)
+    except SearchError as e:  # no searched plan or baseline fits: remat or stages may
+        if memory_budget is None:
+            raise
+        plan, failure = None, e
+    if memory_budget is not None:
+        report(0.98, "pricing remat and ZeRO mixes")
+        plan = _mixed(plan, failure, problem, float(memory_budget), verify_budget, staging)
     if staging is not None:
         plan = _with_stages(plan, problem, staging, pipeline, memory_budget)
     elif pipeline_note is not None:  # auto: stages could not be priced for this function
@@ -274,8 +284,44 @@ def search(
     return dataclasses.replace(plan, search_time=time.perf_counter() - start)
 
 
+def _mixed(
+    plan: Plan | None,
+    failure: SearchError | None,
+    problem: _Problem,
+    budget: float,
+    verify: bool,
+    staging: PipelineChoice | None,
+) -> Plan | None:
+    """Under ``budget``: the fastest of the search's plan and the sharding × ZeRO × remat
+    mixes that fits (``mix.py``), compiled to check when ``verify``. ``None`` when none fits
+    but a pipeline might (``_with_stages`` decides); a ``SearchError`` naming the smallest
+    peak reached per dimension when nothing can."""
+    if plan is not None and not remat_specs(plan):
+        return plan  # it fits, and without a layer scan there is no remat to trade for time
+    compiled = (lambda p: problem.reports.get(p).memory.total) if verify else None
+    got = choose(plan, problem.budget_baselines, budget, compiled)
+    if got.chosen is None:
+        if staging is not None and any(row[5] <= budget for row in staging.tried):
+            return None
+        if plan is not None:  # the search's plan fits as compiled; the mixes do not
+            return plan
+        why = unreachable(got.tried, budget)
+        raise SearchError(f"{failure}; {why}" if failure is not None else why)
+    chosen = got.chosen
+    if chosen.name == "search" and plan is not None:
+        return dataclasses.replace(plan, notes=(*plan.notes, *got.notes))
+    base = plan.notes if plan is not None else (f"sharding alone: {failure}",)
+    return dataclasses.replace(
+        chosen.plan,
+        method=(f"{plan.method}→{chosen.name}" if plan is not None else f"budget→{chosen.name}"),
+        optimal=None,
+        notes=(*base, *chosen.plan.notes, *got.notes),
+        memory_budget=int(budget),
+    )
+
+
 def _with_stages(
-    plan: Plan,
+    plan: Plan | None,
     problem: _Problem,
     choice: PipelineChoice,
     pipeline: str | bool | int,
@@ -287,14 +333,14 @@ def _with_stages(
     budget = float("inf") if memory_budget is None else float(memory_budget)
     fitting = [row for row in choice.tried if row[5] <= budget]
     if not fitting:
-        if pipeline == "auto":
+        if pipeline == "auto" and plan is not None:
             return dataclasses.replace(plan, notes=(*plan.notes, f"pipeline: {choice.reason}"))
         raise SearchError(
             f"pipeline={pipeline}: no pipelined plan fits memory_budget={budget:.0f} bytes "
             f"per device ({choice.reason}); try more microbatches, remat, or a larger budget"
         )
     stages, micro, schedule, layout, seconds, _ = min(fitting, key=lambda row: row[4])
-    if pipeline == "auto" and seconds >= plan.cost.time:
+    if plan is not None and pipeline == "auto" and seconds >= plan.cost.time:
         note = (
             f"pipeline: stages do not pay: the best pipeline ({stages} stages × {micro} "
             f"microbatches, {schedule}, {layout} inside) is predicted at "
@@ -307,17 +353,27 @@ def _with_stages(
     piped = with_pipeline(base, spec)
     note = (
         f"pipeline: {stages} stages × {micro} microbatches ({schedule}, {layout} inside each "
-        f"stage) predicted at {priced.time * 1e3:.3f} ms against {plan.cost.time * 1e3:.3f} ms "
-        f"for the unpipelined {plan.method}"
+        f"stage) predicted at {priced.time * 1e3:.3f} ms against "
+        + (
+            f"{plan.cost.time * 1e3:.3f} ms for the unpipelined {plan.method}"
+            if plan is not None
+            else "no unpipelined plan fitting the budget"
+        )
     )
     extra = (choice.stages.note,) if choice.stages is not None else ()
     return dataclasses.replace(
         piped,
-        method=f"{plan.method}→pipeline+{layout}",
+        method=f"{plan.method if plan is not None else 'budget'}→pipeline+{layout}",
         cost=priced.cost,
         optimal=None,
-        notes=(*plan.notes, *piped.notes, note, *extra, *priced.notes),
-        memory_budget=plan.memory_budget,
+        notes=(
+            *(plan.notes if plan is not None else ()),
+            *piped.notes,
+            note,
+            *extra,
+            *priced.notes,
+        ),
+        memory_budget=plan.memory_budget if plan is not None else int(budget),
     )
 
 
@@ -345,6 +401,26 @@ class _Problem:
             )
         except SearchError:  # unusual argument structure: no baselines
             return {}
+
+    @functools.cached_property
+    def budget_baselines(self) -> dict[str, Plan]:
+        """The baselines and ZeRO-3 (parameters split too; with Megatron on the last axis
+        of a 2-D mesh): what a memory budget mixes with remat (``mix.py``)."""
+        out = dict(self.baselines)
+        if not out:
+            return out
+        names = [str(a) for a in self.mesh.axis_names]
+        kw = {"mesh": self.mesh, "device": self.profile, "traced": self.traced, "stage": 3}
+        fn, args = self.traced.fn, self.traced.args
+        try:
+            out["zero3"] = zero(fn, *args, **kw)
+            if len(names) > 1:
+                out["zero3+megatron"] = zero(
+                    fn, *args, axes=tuple(names[:-1]), model_axis=names[-1], **kw
+                )
+        except SearchError:  # ZeRO-3 does not fit this argument structure
+            pass
+        return out
 
 
 def _compiled_baseline(
