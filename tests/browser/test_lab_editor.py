@@ -165,5 +165,5 @@ def test_editor_sets_stages_and_remat_in_the_browser(lab_server, lab_page):
     _shot(page, "lab_pipeline_timeline")
     drawn = timeline.locator(".sl-timeline-schedule svg")
     assert drawn.locator("text", has_text=re.compile(r"^stage \d$")).count() == 4
-    drawn.evaluate("el => el.scrollIntoView({block: 'start'})")
+    timeline.locator(".sl-timeline-schedule").evaluate("el => el.scrollIntoView({block: 'start'})")
     _shot(page, "lab_pipeline_schedule")

@@ -270,8 +270,9 @@ class EditorView(View):
             )
             parts.append(
                 "<div style='display:flex;gap:16px;align-items:flex-start'>"
-                + self._figures_table()
-                + "<div class='sl-side'>"
+                # the table keeps its width (a long 'changed' line wraps beside it instead)
+                + f"<div style='flex:0 0 auto'>{self._figures_table()}</div>"
+                + "<div class='sl-side' style='flex:1 1 0;min-width:200px'>"
                 + (
                     "<div class='sl-diff'><b>changed:</b> "
                     + "; ".join(esc(c) for c in self.changes)
