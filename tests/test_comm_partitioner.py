@@ -26,10 +26,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 from shardlab.bench.corpus import models
 from shardlab.parallel.compiled.analyze import analyze
 from shardlab.parallel.cost import layouts as L
+from shardlab.parallel.cost.predict import predict
 from shardlab.parallel.mesh import mesh as make_mesh
 from shardlab.parallel.search.baselines import baselines
 
-AXES = ("data", "model")
+AXES: tuple[str, str] = ("data", "model")
 SHAPE = (32, 64)
 
 
@@ -50,7 +51,10 @@ def _layouts() -> list[L.DimAxes]:
 
 
 def _spec(lay: L.DimAxes) -> PartitionSpec:
-    return PartitionSpec(*[(a if len(a) > 1 else a[0]) if a else None for a in lay])
+    entries: list[str | tuple[str, ...] | None] = []
+    for axes in lay:
+        entries.append(None if not axes else axes[0] if len(axes) == 1 else tuple(axes))
+    return PartitionSpec(*entries)
 
 
 def _kinds(items) -> list[tuple[str, int, int]]:
@@ -62,7 +66,7 @@ def test_reshard_predicts_the_partitioners_collectives_for_every_layout_pair(sha
     """All 110 ordered pairs of distinct matrix layouts on the mesh: the predicted
     collectives (kind, result bytes per device, group size) are the compiled ones."""
     mesh = make_mesh(shape=shape, names=AXES)
-    sizes = dict(zip(AXES, shape, strict=True))
+    sizes: dict[str, int] = {a: n for a, n in zip(AXES, shape, strict=True)}
     x = jax.ShapeDtypeStruct(SHAPE, jnp.float32)
     nbytes = SHAPE[0] * SHAPE[1] * 4
     wrong = []
@@ -125,3 +129,62 @@ def test_zero_megatron_step_predicts_the_compiled_collectives():
     report = plan.verify()
     assert _per_kind(plan.cost.collectives) == _per_kind(report.collectives)
     assert plan.cost.comm_time == pytest.approx(plan.compiled_comm_time(report), rel=1e-6)
+
+
+def _compiled_and_predicted(f, args, mesh, ins, outs):
+    def named(specs):
+        return jax.tree_util.tree_map(
+            lambda s: NamedSharding(mesh, s),
+            specs,
+            is_leaf=lambda s: isinstance(s, PartitionSpec),
+        )
+
+    report = analyze(f, *args, mesh=mesh, in_shardings=named(ins), out_shardings=named(outs))
+    cost = predict(f, *args, mesh=mesh, in_shardings=ins, out_shardings=outs)
+    compiled = _kinds((c.kind, c.bytes, c.group_size) for c in report.collectives)
+    return compiled, _kinds((c.kind, c.bytes, c.group_size) for c in cost.collectives)
+
+
+@pytest.mark.parametrize(
+    ("shape", "want"),
+    [
+        ((2, 4), [("all-reduce", 1024, 2), ("collective-permute", 1024, 2)]),
+        ((4, 2), [("all-reduce", 2048, 4)]),
+    ],
+)
+def test_matmul_partial_sum_wanted_split_is_reduced_in_pieces_on_replica_devices(shape, want):
+    """A weight-gradient-like sum over a data-split batch whose consumer wants it split
+    over ``data``: with no reduce-scatter, XLA computes it split over the ``model``
+    devices (that hold the operands whole), all-reduces the pieces and permutes them into
+    place, when ``model`` has a multiple of ``data``'s devices (2×4); else (4×2) it
+    all-reduces the whole and slices."""
+    mesh = make_mesh(shape=shape, names=AXES)
+
+    def f(s, x, w):
+        return s + 0.1 * (x.T @ jnp.tanh(x @ w))
+
+    args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in ((16, 32), (64, 16), (16, 32))]
+    ins = (PartitionSpec("data", None), PartitionSpec("data", None), PartitionSpec())
+    compiled, predicted = _compiled_and_predicted(f, args, mesh, ins, PartitionSpec("data", None))
+    assert compiled == want
+    assert predicted == compiled
+
+
+def test_adam_update_with_state_and_weight_split_over_different_axes():
+    """Megatron's weight split over ``model``, Adam's moments over ``data`` (ZeRO): the
+    gradient goes to the moments' layout by permute + gather, the update back by a local
+    slice + permute, and the moments' elementwise updates run in the moments' layout (the
+    output sharding wins over the more finely split operand)."""
+    mesh = make_mesh(shape=(2, 4), names=AXES)
+
+    def f(w, m, v):
+        g = jnp.sin(w)
+        m2 = 0.9 * m + 0.1 * g
+        v2 = 0.99 * v + 0.01 * (g * g)
+        return w - 0.1 * m2 / (jnp.sqrt(v2) + 1e-8), m2, v2
+
+    sd = jax.ShapeDtypeStruct((32, 16), jnp.float32)
+    specs = (PartitionSpec("model", None), PartitionSpec("data", None), PartitionSpec("data", None))
+    compiled, predicted = _compiled_and_predicted(f, (sd, sd, sd), mesh, specs, specs)
+    assert predicted == compiled
+    assert not any(k == "all-gather" and g == 4 for k, _, g in predicted)
