@@ -408,9 +408,10 @@ class PipelineCost(_Record):
             (``2 (m + p - 1)`` shifts for a train step, ``m + p - 1`` forward only, + 1 for
             the last stage's carry leaving the pipeline).
         permute_bytes: per-device bytes of those per step.
-        in_flight_bytes: per device, the residuals the busiest stage holds at its peak: its
-            in-flight microbatches' (1F1B), or for GPipe all ``m + p - 1`` iterations' of
-            the SPMD loop, whose backward is the loop's autodiff.
+        in_flight_bytes: per device, the residuals the busiest stage holds at its peak: all
+            ``m + p - 1`` iterations' of the SPMD loop, whose backward is the loop's
+            autodiff — for 1F1B too, which runs in that loop (its own in-flight counts are
+            in ``schedule.in_flight``).
         outside_time: seconds outside the pipeline (prologue/epilogue/optimizer, once).
         cost: a ``CostBreakdown`` comparable with unpipelined plans: ``time`` is the step
             (outside + pipelined step; ``compute_time`` includes the bubbles), memory the
@@ -551,8 +552,10 @@ def predict_pipeline(
         int(sum(times.residual_bytes[bounds[s] : bounds[s + 1]]) / m * whole) for s in range(p)
     ]
     # The SPMD GPipe loop (plan/pipeline.py) differentiates m + p - 1 iterations, so its
-    # backward keeps the residuals of every iteration, the bubbles' too.
-    held = [m + p - 1] * p if spec.schedule == "gpipe" and p > 1 and train else list(sim.in_flight)
+    # backward keeps the residuals of every iteration, the bubbles' too. Every schedule runs
+    # in that loop (1F1B's order is simulated for its bubble and in-flight counts, but one
+    # SPMD program cannot interleave the two scans), so the memory is the loop's for all.
+    held = [m + p - 1] * p if p > 1 and train else list(sim.in_flight)
     in_flight_bytes = max(c * r for c, r in zip(held, stage_res, strict=True))
     rest = int(max(0, flat.memory.activations - residual_total) / m * whole)
     params = max(0, flat.memory.parameters - saved)
