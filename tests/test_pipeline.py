@@ -21,7 +21,7 @@ from shardlab.parallel.graph.opgraph import build_from_jaxpr
 from shardlab.parallel.mesh import mesh as make_mesh
 from shardlab.parallel.plan.pipeline import PipelineError, _analyse, gpipe_runner, with_pipeline
 from shardlab.parallel.records import PipelineSpec
-from shardlab.parallel.search.baselines import data_parallel
+from shardlab.parallel.search.baselines import baselines, data_parallel
 
 
 def _gpt_scan(layers: int, *, train: bool = True):
@@ -271,3 +271,23 @@ def test_bad_schedule_and_1f1b_note(dp_plan):
         with_pipeline(dp_plan, PipelineSpec(stages=4, microbatches=2, schedule="zb"))
     plan = with_pipeline(dp_plan, PipelineSpec(stages=4, microbatches=2, schedule="1f1b"))
     assert any("1f1b runs as GPipe" in n for n in plan.notes)
+
+
+def test_a_baseline_made_on_the_whole_stage_mesh_pipelines_as_the_hand_made_one(train):
+    # data parallel and ZeRO made on stage×data split the batch (and ZeRO the state) over
+    # 'stage' too; pipelined, the stage axis moves to the layer dim of the stacked leaves
+    # and leaves the rest: otherwise every stage gathers the batch (4× the memory, measured)
+    case, want = train
+    mesh = make_mesh(stage=2, data=4)
+    hand = _pipelined(case, mesh, stages=2, microbatches=2)
+    whole = baselines(case.fn, *case.args, mesh=mesh)
+    for name in ("data_parallel", "zero"):
+        plan = with_pipeline(whole[name], PipelineSpec(stages=2, microbatches=2))
+        for path, spec in zip(plan.input_paths, plan.input_specs, strict=True):
+            used = [a for ax in spec for a in ax]
+            ok = used.count("stage") <= 1 and ("stage" not in used or spec[0] == ("stage",))
+            assert ok, (name, path, spec)
+        # its cost is the pipeline's (collective-permutes), not the unpipelined plan's
+        assert plan.cost.comm_bytes.get("collective-permute", 0) > 0
+        assert plan.verify().memory.total <= 1.15 * hand.verify().memory.total, name
+        _equal(plan.jit()(*case.args), want)

@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shardlab.parallel.cost.pipeline import divisors
+from shardlab.parallel.cost.pipeline import divisors, predict_pipeline
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.graph.interpret import ScanRunner, _context
 from shardlab.parallel.graph.opgraph import Node, OpGraph, ScanGroup, build_from_jaxpr
@@ -580,9 +580,18 @@ def with_pipeline(plan: Any, spec: PipelineSpec) -> Any:
     def split(shapes: Sequence[tuple[int, ...]], specs: Sequence[Any]) -> tuple[Any, ...]:
         out = []
         for shape, lay in zip(shapes, specs, strict=True):
-            used = {a for ax in lay for a in ax}
-            if tuple(shape) in stacked and spec.axis not in used and not lay[0]:
-                lay = ((spec.axis,), *lay[1:])
+            if tuple(shape) in stacked and not lay[0]:
+                # the stacked layers split over the stages; a split over the stage axis on
+                # another dim (a ZeRO or tensor layout made on the whole mesh) moves here,
+                # or every stage would gather every layer's state
+                rest = [tuple(a for a in ax if a != spec.axis) for ax in lay[1:]]
+                lay = ((spec.axis,), *rest)
+            elif tuple(shape) not in stacked:
+                # everything else is replicated over the stages: the batch (each stage runs
+                # every microbatch in turn) and what lies outside the pipeline (a baseline
+                # made on the whole mesh splits the batch over the stage axis too, and the
+                # partitioner then gathers it for every stage: 4x the memory, measured)
+                lay = tuple(tuple(a for a in ax if a != spec.axis) for ax in lay)
             out.append(lay)
         return tuple(out)
 
@@ -592,7 +601,7 @@ def with_pipeline(plan: Any, spec: PipelineSpec) -> Any:
     if spec.schedule == "1f1b":
         notes.append(
             "1f1b runs as GPipe: one SPMD jit cannot interleave the forward and backward "
-            "scans (the cost model prices 1F1B's memory separately)"
+            "scans; its cost is the GPipe loop's it runs"
         )
     new = dataclasses.replace(
         plan,
@@ -603,4 +612,17 @@ def with_pipeline(plan: Any, spec: PipelineSpec) -> Any:
     )
     # Trace once (no compile): a step that cannot be microbatched fails here, not in jit.
     jax.eval_shape(new.function(dynamic=True), *b.traced.dynamic_args)
-    return new
+    return _priced(new, plan, spec)
+
+
+def _priced(new: Any, plan: Any, spec: PipelineSpec) -> Any:
+    """``new`` with the schedule simulator's cost (``cost/pipeline.py``) of running
+    ``plan`` pipelined by ``spec``: step time with the bubbles, collective-permutes, the
+    stage's share of the arguments and its in-flight residuals (the remat policy of
+    ``plan`` included), where the unpipelined plan's cost would mislead every view."""
+    try:
+        priced = predict_pipeline(plan, spec, device=plan.cost.device)
+    except SearchError as e:
+        note = f"not priced as a pipeline ({e}): the cost shown is the unpipelined plan's"
+        return dataclasses.replace(new, notes=(*new.notes, note))
+    return dataclasses.replace(new, cost=priced.cost, notes=(*new.notes, *priced.notes))

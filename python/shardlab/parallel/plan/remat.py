@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from shardlab.parallel.cost.pipeline import predict_pipeline
 from shardlab.parallel.cost.predict import memory_estimate
 from shardlab.parallel.cost.profiles import resolve_profile
 from shardlab.parallel.cost.propagate import propagate
@@ -248,7 +249,11 @@ def with_remat(plan: Any, spec: RematSpec | str) -> Any:
     if isinstance(spec, str):
         spec = RematSpec(spec)
     check_policy(spec.policy)
-    return _applied(plan, spec, plan_remat_cost(plan, spec))
+    new = _applied(plan, spec, plan_remat_cost(plan, spec))
+    if getattr(plan, "pipeline", None) is not None:  # the stages priced with the policy
+        priced = predict_pipeline(new, plan.pipeline, device=plan.cost.device)
+        new = dataclasses.replace(new, cost=priced.cost)
+    return new
 
 
 def remat_variants(plan: Any, specs: list[RematSpec]) -> list[Any]:

@@ -43,10 +43,12 @@ def _stage_axis(mesh: Mesh, axis: str, what: str) -> int:
 
 
 def _finish(plan: Plan, name: str, spec: PipelineSpec | None, remat: str | None) -> Plan:
-    if spec is not None:
-        plan = with_pipeline(plan, spec)
+    # remat first: with_pipeline prices the stages with the plan's remat policy, where
+    # with_remat's own pricing knows nothing of stages
     if remat is not None and remat != "none":
         plan = with_remat(plan, RematSpec(remat))
+    if spec is not None:
+        plan = with_pipeline(plan, spec)
     return dataclasses.replace(plan, method=name)
 
 

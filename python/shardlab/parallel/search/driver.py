@@ -20,10 +20,9 @@ from typing import Any
 
 from jax.sharding import Mesh
 
-from shardlab.parallel.cost.pipeline import predict_pipeline
 from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile
 from shardlab.parallel.cost.propagate import propagate
-from shardlab.parallel.display import search_finish, with_progress
+from shardlab.parallel.display import human_bytes, search_finish, with_progress
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.graph.trace import Traced, trace
 from shardlab.parallel.mesh import mesh_shape_of
@@ -277,7 +276,7 @@ def search(
         report(0.98, "pricing remat and ZeRO mixes")
         plan = _mixed(plan, failure, problem, float(memory_budget), verify_budget, staging)
     if staging is not None:
-        plan = _with_stages(plan, problem, staging, pipeline, memory_budget)
+        plan = _with_stages(plan, problem, staging, pipeline, memory_budget, bool(verify_budget))
     elif pipeline_note is not None:  # auto: stages could not be priced for this function
         plan = dataclasses.replace(plan, notes=(*plan.notes, pipeline_note))
     report(1.0, "done")
@@ -326,10 +325,12 @@ def _with_stages(
     choice: PipelineChoice,
     pipeline: str | bool | int,
     memory_budget: float | None,
+    verify: bool = False,
 ) -> Plan:
     """``plan``, or a pipelined baseline when stages pay (``"auto"``) or were asked for (a
     number): the best pipeline the schedule simulator priced (``choice``) within the
-    budget, its cost the simulator's, its notes saying what was compared."""
+    budget, its cost the simulator's, its notes saying what was compared. With ``verify``
+    and a budget, each candidate (the 3 fastest at most) is compiled: XLA's buffers decide."""
     budget = float("inf") if memory_budget is None else float(memory_budget)
     fitting = [row for row in choice.tried if row[5] <= budget]
     if not fitting:
@@ -339,41 +340,56 @@ def _with_stages(
             f"pipeline={pipeline}: no pipelined plan fits memory_budget={budget:.0f} bytes "
             f"per device ({choice.reason}); try more microbatches, remat, or a larger budget"
         )
-    stages, micro, schedule, layout, seconds, _ = min(fitting, key=lambda row: row[4])
-    if plan is not None and pipeline == "auto" and seconds >= plan.cost.time:
+    fitting.sort(key=lambda row: (row[4], row[0], row[1], row[3]))
+    rejected: list[str] = []
+    for stages, micro, schedule, layout, seconds, _ in fitting[:3]:
+        if plan is not None and pipeline == "auto" and seconds >= plan.cost.time:
+            note = (
+                f"pipeline: stages do not pay: the best pipeline ({stages} stages × {micro} "
+                f"microbatches, {schedule}, {layout} inside) is predicted at "
+                f"{seconds * 1e3:.3f} ms, this plan at {plan.cost.time * 1e3:.3f} ms"
+            )
+            return dataclasses.replace(plan, notes=(*plan.notes, *rejected, note))
+        spec = PipelineSpec(stages, micro, schedule=schedule)
+        piped = with_pipeline(problem.baselines[layout], spec)
+        if verify and memory_budget is not None:
+            compiled = problem.reports.get(piped).memory.total
+            if compiled > budget:
+                rejected.append(
+                    f"pipeline: {stages} stages × {micro} microbatches ({layout} inside) is "
+                    f"predicted at {human_bytes(piped.cost.memory.peak)} per device but "
+                    f"compiles to {human_bytes(compiled)}, over the budget"
+                )
+                continue
         note = (
-            f"pipeline: stages do not pay: the best pipeline ({stages} stages × {micro} "
-            f"microbatches, {schedule}, {layout} inside) is predicted at "
-            f"{seconds * 1e3:.3f} ms, this plan at {plan.cost.time * 1e3:.3f} ms"
+            f"pipeline: {stages} stages × {micro} microbatches ({schedule}, {layout} inside "
+            f"each stage) predicted at {piped.cost.time * 1e3:.3f} ms against "
+            + (
+                f"{plan.cost.time * 1e3:.3f} ms for the unpipelined {plan.method}"
+                if plan is not None
+                else "no unpipelined plan fitting the budget"
+            )
         )
-        return dataclasses.replace(plan, notes=(*plan.notes, note))
-    spec = PipelineSpec(stages, micro, schedule=schedule)
-    base = problem.baselines[layout]
-    priced = predict_pipeline(base, spec, device=problem.profile)
-    piped = with_pipeline(base, spec)
-    note = (
-        f"pipeline: {stages} stages × {micro} microbatches ({schedule}, {layout} inside each "
-        f"stage) predicted at {priced.time * 1e3:.3f} ms against "
-        + (
-            f"{plan.cost.time * 1e3:.3f} ms for the unpipelined {plan.method}"
-            if plan is not None
-            else "no unpipelined plan fitting the budget"
+        extra = (choice.stages.note,) if choice.stages is not None else ()
+        return dataclasses.replace(
+            piped,
+            method=f"{plan.method if plan is not None else 'budget'}→pipeline+{layout}",
+            optimal=None,
+            notes=(
+                *(plan.notes if plan is not None else ()),
+                *piped.notes,
+                *rejected,
+                note,
+                *extra,
+            ),
+            memory_budget=plan.memory_budget if plan is not None else int(budget),
         )
-    )
-    extra = (choice.stages.note,) if choice.stages is not None else ()
-    return dataclasses.replace(
-        piped,
-        method=f"{plan.method if plan is not None else 'budget'}→pipeline+{layout}",
-        cost=priced.cost,
-        optimal=None,
-        notes=(
-            *(plan.notes if plan is not None else ()),
-            *piped.notes,
-            note,
-            *extra,
-            *priced.notes,
-        ),
-        memory_budget=plan.memory_budget if plan is not None else int(budget),
+    if plan is not None and pipeline == "auto":
+        return dataclasses.replace(plan, notes=(*plan.notes, *rejected))
+    raise SearchError(
+        f"pipeline={pipeline}: no pipelined plan fits memory_budget={budget:.0f} bytes per "
+        f"device once compiled ({'; '.join(rejected)}); try more microbatches, remat, or a "
+        "larger budget"
     )
 
 
