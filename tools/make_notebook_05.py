@@ -162,7 +162,9 @@ cells = [
         "plan = shardlab.search(step, *args, mesh=mesh, memory_budget=budget)\n"
         "plan_report = plan.verify()\n"
         "print(plan.summary())\n"
-        "print('remat:', plan.remat, '| pipeline:', plan.pipeline)\n"
+        "print('remat:', plan.remat.policy if plan.remat else 'none', '· pipeline stages:',\n"
+        "      f'{plan.pipeline.stages} × {plan.pipeline.microbatches} microbatches'\n"
+        "      if plan.pipeline else 'none')\n"
         "for note in plan.notes:\n"
         "    print(' -', note)"
     ),
