@@ -14,7 +14,7 @@ import platform
 import sys
 import time
 
-SECTIONS = ("kernel", "fidelity", "editor", "search", "corpus", "graph", "ranking")
+SECTIONS = ("kernel", "fidelity", "editor", "search", "corpus", "graph", "ranking", "budgets")
 MODULES = {  # the rest: shardlab.bench.<name>
     "corpus": "shardlab.bench.corpus.section",
     "graph": "shardlab.bench.graph_suite",
