@@ -30,11 +30,12 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
+from shardlab.parallel.cost.combine import all_reduce_groups, loop_of
 from shardlab.parallel.graph.opgraph import Node, OpGraph
 from shardlab.parallel.graph.rules import ELEMENTWISE, FREE
-from shardlab.parallel.records import DeviceMemoryEstimate
+from shardlab.parallel.records import Collective, DeviceMemoryEstimate
 
 SHAPE_ONLY = frozenset(
     "broadcast_in_dim reshape squeeze expand_dims iota transpose rev select_n copy copy_p "
@@ -54,6 +55,14 @@ EXPENSIVE = frozenset(
 # Per node, bytes it needs only while it runs: one buffer, or several (the operands of a
 # combined all-reduce), each of which may sit in an output buffer not yet written.
 Transient = Callable[[int], "int | tuple[int, ...]"]
+# Per all-reduced variable: (node after which its all-reduce runs, unreduced bytes, reduced
+# bytes).
+Reductions = dict[int, tuple[int, int, int]]
+
+
+# Per variable, the values whose full-size copy of it XLA writes out: (value, the reduction
+# operand that needs it, or -1 when the copy is always made).
+Wide = tuple[tuple[int, int], ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,10 +79,107 @@ class Liveness:
     order: tuple[int, ...]
     materialized: frozenset[int]
     last_use: dict[int, int]
+    expanded: dict[int, Wide] = dataclasses.field(default_factory=dict)
 
 
-def liveness(graph: OpGraph, live: Sequence[bool]) -> Liveness:
-    """Fusion and live ranges of ``graph`` (only ``live`` nodes run)."""
+FUSED_DEPTH = 1
+# Per-device elements from which XLA:CPU emits an f32 reduction as a library (YNNPACK)
+# fusion; smaller ones are loop fusions, which take any broadcast inside.
+LIBRARY_REDUCTION = 4096
+REDUCING = frozenset("reduce_sum reduce_max reduce_min reduce_prod".split())
+
+
+def _unfusable_broadcasts(graph: OpGraph, order: Sequence[int], fused: set[int]) -> dict[int, Wide]:
+    """Broadcasts a reduction cannot absorb. XLA:CPU emits a reduction (with the
+    elementwise operations that feed it) as one library fusion that takes a broadcast
+    inside only along the reduced dimensions (a softmax's max, a mean's divisor); a value
+    broadcast along a kept dimension (a LayerNorm scale over the batch, a per-row statistic
+    summed over rows) is written out in full first. Returns the explicit broadcasts to
+    materialise, and per variable an elementwise operation expands (size-1 dimensions), the
+    full-shape values whose broadcast copy of it is written out (XLA's CSE keeps one such
+    copy for as long as the small variable lives)."""
+    expanded: dict[int, list[tuple[int, int]]] = {}
+    for i in order:
+        node = graph.nodes[i]
+        if node.primitive not in REDUCING or not node.inputs:
+            continue
+        axes = set(node.params.get("axes", ()))
+        stack, seen = [(node.inputs[0], 0)], set()
+        while stack:
+            w, depth = stack.pop()
+            if w in seen or w not in fused:
+                continue
+            seen.add(w)
+            producer = graph.nodes[graph.producer(w)]
+            shape = graph.shapes[w]
+            if producer.primitive == "broadcast_in_dim":
+                src = graph.shapes[producer.inputs[0]]
+                if math.prod(src) > 1 and not _added(producer, src, shape) <= axes:
+                    expanded.setdefault(w, []).append((w, node.inputs[0]))
+                continue
+            if producer.primitive not in ELEMENTWISE and producer.primitive not in FREE:
+                continue
+            for x in producer.inputs:
+                xs = graph.shapes[x]
+                if graph.literal[x] is not None or math.prod(xs) <= 1:
+                    continue
+                if len(xs) == len(shape) and xs != shape:
+                    added = {d for d in range(len(shape)) if xs[d] == 1 and shape[d] > 1}
+                    if not added <= axes:
+                        expanded.setdefault(x, []).append((w, node.inputs[0]))
+                if depth < FUSED_DEPTH:
+                    stack.append((x, depth + 1))
+    return {x: tuple(dict.fromkeys(ws)) for x, ws in expanded.items()}
+
+
+def _convolution_copies(graph: OpGraph, order: Sequence[int]) -> dict[int, Wide]:
+    """Operands a convolution reads in a transposed copy. XLA:CPU convolves only in the
+    canonical layout (``b01f_01io->b01f``: batch first and features last, the kernel's
+    input then output features last); layout assignment transposes any other operand into
+    a copy of its own, written as soon as the operand is (a weight gradient's activations
+    are copied in the forward pass and held to the backward)."""
+    out: dict[int, tuple[int, ...]] = {}
+    for i in order:
+        node = graph.nodes[i]
+        dn = (
+            node.params.get("dimension_numbers")
+            if node.primitive == "conv_general_dilated"
+            else None
+        )
+        if dn is None or not hasattr(dn, "lhs_spec") or len(node.inputs) < 2:
+            continue
+        rank = len(dn.lhs_spec)
+        spatial = tuple(range(1, rank - 1))
+        canonical = (
+            (node.inputs[0], tuple(dn.lhs_spec), (0, rank - 1, *spatial)),
+            (node.inputs[1], tuple(dn.rhs_spec), (rank - 1, rank - 2, *range(rank - 2))),
+            (node.outputs[0], tuple(dn.out_spec), (0, rank - 1, *spatial)),
+        )
+        for v, spec, want in canonical:
+            if spec != want and graph.literal[v] is None:
+                out[v] = ((v, -1),)
+    return out
+
+
+def _added(node: Node, src: Sequence[int], shape: Sequence[int]) -> set[int]:
+    """The dimensions a ``broadcast_in_dim`` repeats its operand along."""
+    dims = tuple(node.params.get("broadcast_dimensions", ()))
+    added = {d for d in range(len(shape)) if d not in dims}
+    return added | {d for k, d in enumerate(dims) if src[k] == 1 and shape[d] > 1}
+
+
+def liveness(
+    graph: OpGraph,
+    live: Sequence[bool],
+    materialize: Collection[int] = (),
+    copies: bool = False,
+) -> Liveness:
+    """Fusion and live ranges of ``graph`` (only ``live`` nodes run); ``materialize``:
+    variables that get a buffer whatever their consumers (all-reduced partial sums: the
+    all-reduce reads a buffer); ``copies``: also the buffers XLA:CPU writes out that the
+    program does not name (broadcasts a library reduction cannot fuse, convolution
+    operands transposed to its one layout). The plan's memory estimate uses them; the
+    search's own memory rows do not yet (their budgets were tuned without them)."""
     order = tuple(n.index for n in graph.nodes if live[n.index])
     consumers: dict[int, list[int]] = {}
     for i in order:
@@ -87,13 +193,16 @@ def liveness(graph: OpGraph, live: Sequence[bool]) -> Liveness:
             continue
         v = node.outputs[0]
         users = consumers.get(v, [])
-        if v in outputs or not users:
+        if v in outputs or not users or v in materialize:
             continue
         if not all(graph.nodes[u].primitive in ABSORBS for u in users):
             continue
         if len(users) > 1 and node.primitive in EXPENSIVE:
             continue
         fused.add(v)
+    expanded = _unfusable_broadcasts(graph, order, fused) if copies else {}
+    for x, extra in (_convolution_copies(graph, order) if copies else {}).items():
+        expanded[x] = (*expanded.get(x, ()), *extra)
     sources: dict[int, frozenset[int]] = {}
 
     def source_of(v: int) -> frozenset[int]:
@@ -113,7 +222,7 @@ def liveness(graph: OpGraph, live: Sequence[bool]) -> Liveness:
             for s in source_of(v) | {v}:  # program order: the latest read wins
                 last_use[s] = i
     materialized = frozenset(v for i in order for v in graph.nodes[i].outputs if v not in fused)
-    return Liveness(order, materialized, last_use)
+    return Liveness(order, materialized, last_use, expanded)
 
 
 def device_memory(
@@ -124,6 +233,7 @@ def device_memory(
     output_local: Callable[[int], int] | None = None,
     lv: Liveness | None = None,
     transient: Transient = lambda i: 0,
+    reductions: Reductions | None = None,
 ) -> DeviceMemoryEstimate:
     """Per-device ``arguments + outputs + temp`` of a strategy.
 
@@ -138,8 +248,12 @@ def device_memory(
         lv: a precomputed ``liveness(graph, live)``.
         transient: per node, bytes it needs only while it runs (one buffer or a tuple of
             them): the unreduced operands of an all-reduce next to its results.
+        reductions: per all-reduced variable, where its all-reduce runs and the bytes of
+            its unreduced and reduced buffers (``all_reduce_spans``): the unreduced buffer
+            lives from the producer to the all-reduce, the reduced one from there to the
+            last use, in its own buffer (an all-reduce never writes over its operand).
     """
-    lv = lv or liveness(graph, live)
+    lv = lv or liveness(graph, live, materialize=reductions or (), copies=True)
     output_local = output_local or local
     used = {v for i in lv.order for v in graph.nodes[i].inputs} | set(graph.outputs)
     inputs = set(graph.inputs)
@@ -148,10 +262,55 @@ def device_memory(
 
     held = _holder(graph, lv, local, extra)
     slots = {v: output_local(v) for v in dict.fromkeys(graph.outputs) if graph.producer(v) >= 0}
-    peak, _ = _walk(graph, lv, held, [v for v in inputs if v in used], transient, slots)
+    start = [v for v in inputs if v in used]
+    if reductions:
+        hosted = in_output_buffers(graph, lv, local, extra) | set(graph.outputs)
+        reductions = {
+            v: (at, unreduced, 0 if v in hosted else result)
+            for v, (at, unreduced, result) in reductions.items()
+        }
+        peak, _ = _assigned(graph, lv, held, start, transient, slots, reductions)
+    else:
+        peak, _ = _walk(graph, lv, held, start, transient, slots)
     return DeviceMemoryEstimate(
         parameters=params, outputs=out_bytes, activations=peak, peak=params + out_bytes + peak
     )
+
+
+def all_reduce_spans(
+    graph: OpGraph,
+    collectives: Sequence[Collective],
+    nodes: Sequence[int],
+    local: Callable[[int], int],
+) -> tuple[Reductions, dict[int, list[int]]]:
+    """Where each all-reduced variable's unreduced and reduced buffers live.
+
+    XLA's combiner merges the all-reduces of a group (``combine.all_reduce_groups``) into
+    one instruction after the last of them is computed: each member's unreduced buffer
+    (its partial sum, the collective's bytes) lives from its producer to there, and the
+    all-reduce writes the reduced values to buffers of their own, live to the variable's
+    last use. Where the variable's layout is split (a reduce-scatter the CPU backend
+    compiles as an all-reduce and a slice), the reduced buffer is still the whole
+    all-reduce result: the slice is fused into its consumers. Returns ``(reductions,
+    leftovers)``: the spans per variable, and per node the bytes of collectives that name
+    no single variable (transients at that node)."""
+    groups = all_reduce_groups(graph, collectives, nodes)
+    members: dict[tuple[object, ...], list[tuple[int, int]]] = {}
+    for c, node, group in zip(collectives, nodes, groups, strict=True):
+        if group is not None:
+            key = (*group, loop_of(graph, node) if c.count == 1 else (node, c.count))
+            members.setdefault(key, []).append((node, c.bytes * c.count))
+    out: Reductions = {}
+    leftovers: dict[int, list[int]] = {}
+    for parts in members.values():
+        last = max(node for node, _ in parts)
+        for node, nbytes in parts:
+            outs = graph.nodes[node].outputs
+            if len(outs) != 1 or outs[0] in out:
+                leftovers.setdefault(last, []).append(nbytes)
+                continue
+            out[outs[0]] = (last, nbytes, max(nbytes, local(outs[0])))
+    return out, leftovers
 
 
 def expansion_scratch(graph: OpGraph, local: Callable[[int], int]) -> Callable[[int], int]:
@@ -198,10 +357,20 @@ def _holder(
     apart, so only their copies in other layouts; fused values only when copied."""
     keep = set(graph.inputs) | set(graph.outputs) | in_output_buffers(graph, lv, local, extra)
 
+    def library(r: int) -> bool:  # a reduction XLA:CPU emits as a library fusion
+        whole = graph.nbytes(r)
+        elements = math.prod(graph.shapes[r])
+        return whole > 0 and local(r) * elements // whole >= LIBRARY_REDUCTION
+
     def held(v: int) -> int:
         copies = extra(v)
         if copies and v not in lv.materialized and _regenerated(graph, v):
             copies = 0  # a broadcast or iota is generated in whatever layout a consumer needs
+        wide = [local(w) for w, r in lv.expanded.get(v, ()) if r < 0 or library(r)]
+        if wide:  # a copy of it in full: a broadcast a reduction reads, a transpose
+            if v not in lv.materialized and v not in keep:
+                return copies + max(wide)  # the fused value itself, written out
+            copies += max(wide)
         if v in keep:
             return copies
         return local(v) + copies if v in lv.materialized or copies else 0
@@ -209,6 +378,9 @@ def _holder(
     return held
 
 
+# Operations whose result has its operands' elements (maybe in another order): fused into an
+# elementwise consumer, they let it write over the buffer they read.
+SAME_ELEMENTS = ELEMENTWISE | FREE | frozenset("reshape squeeze expand_dims transpose".split())
 REGENERATED = frozenset(("broadcast_in_dim", "iota"))
 
 
@@ -243,7 +415,7 @@ def in_output_buffers(
             if node.primitive in IN_PLACE_OPERAND:
                 operands = [node.inputs[IN_PLACE_OPERAND[node.primitive]]]
             elif node.primitive in ELEMENTWISE or node.primitive in FREE:
-                operands = list(node.inputs)
+                operands = _elementwise_reads(graph, lv, node.inputs)
             else:
                 break
             nxt = next(
@@ -264,6 +436,27 @@ def in_output_buffers(
                 break
             out.add(nxt)
             v = nxt
+    return out
+
+
+def _elementwise_reads(graph: OpGraph, lv: Liveness, inputs: Sequence[int]) -> list[int]:
+    """The buffers an elementwise operation reads element by element: its materialised
+    operands, and those of the elementwise values fused into it (a fusion may write its
+    result over any of them, ``HloDataflowAnalysis::CanShareBuffer``)."""
+    out: list[int] = []
+    stack = list(reversed(inputs))
+    seen: set[int] = set()
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u in lv.materialized or graph.producer(u) < 0:
+            out.append(u)
+            continue
+        node = graph.nodes[graph.producer(u)]
+        if node.primitive in SAME_ELEMENTS and len(node.outputs) == 1:
+            stack.extend(reversed(node.inputs))
     return out
 
 
@@ -302,6 +495,7 @@ def _assigned(
     start: Sequence[int],
     transient: Transient,
     slots: dict[int, int],
+    reductions: Reductions | None = None,
 ) -> tuple[int, frozenset[int]]:
     """Peak temp bytes when temporaries are first placed in output buffers, as XLA's buffer
     assignment does before the heap: largest first, each into the smallest output buffer
@@ -316,10 +510,23 @@ def _assigned(
         if size_of(v):
             last = point.get(lv.last_use.get(v, -1))
             spans.append((size_of(v), 0, end if last is None else last, v))
+    reductions = reductions or {}
     for i in lv.order:
         p = point[i]
         for v in graph.nodes[i].outputs:
             size = size_of(v)
+            red = reductions.get(v)
+            if red is not None and red[0] in point:
+                at, unreduced, result = red
+                last = point.get(lv.last_use.get(v, -1))
+                stays = v in outputs or last is None
+                if v in outputs:
+                    size = result = 0  # reduced into the output's own buffer
+                spans.append((unreduced, p, point[at], v))
+                size = max(size, result)
+                if size:
+                    spans.append((size, point[at], end if stays else max(last, point[at]), v))
+                continue
             if size:
                 last = point.get(lv.last_use.get(v, -1))
                 stays = v in outputs or last is None

@@ -15,8 +15,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from shardlab.parallel.arguments import eval_shape
 from shardlab.parallel.cost import layouts as L
-from shardlab.parallel.cost.combine import all_reduce_groups, combine_all_reduces, loop_of
-from shardlab.parallel.cost.memory import device_memory, expansion_scratch
+from shardlab.parallel.cost.combine import combine_all_reduces
+from shardlab.parallel.cost.memory import all_reduce_spans, device_memory, expansion_scratch
 from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile
 from shardlab.parallel.cost.propagate import Propagation, propagate
 from shardlab.parallel.graph.opgraph import Node, OpGraph
@@ -65,19 +65,9 @@ def memory_estimate(
         dims = prop.layouts[v] or L.replicated(len(graph.shapes[v]))
         return L.local_bytes(graph.nbytes(v), dims, sizes)
 
-    # The unreduced operands of a combined all-reduce are all live when it runs, after the
-    # last of them is computed, next to its results: per group, its members' bytes at
-    # the group's last node (one member: the unreduced buffer beside the reduced one).
-    reduced: dict[int, list[int]] = {}
-    groups = all_reduce_groups(graph, prop.collectives, prop.collective_nodes)
-    members: dict[tuple[object, ...], list[tuple[int, int]]] = {}
-    for c, node, group in zip(prop.collectives, prop.collective_nodes, groups, strict=True):
-        if group is not None:
-            key = (*group, loop_of(graph, node) if c.count == 1 else (node, c.count))
-            members.setdefault(key, []).append((node, c.bytes * c.count))
-    for parts in members.values():
-        last = max(node for node, _ in parts)
-        reduced.setdefault(last, []).extend(b for _, b in parts)
+    # Each all-reduced value's unreduced buffer lives to its (combined) all-reduce, the
+    # reduced one from there (``memory_model.all_reduce_spans``).
+    reductions, reduced = all_reduce_spans(graph, prop.collectives, prop.collective_nodes, local)
 
     def extra(v: int) -> int:  # copies in the other layouts its consumers needed
         return sum(L.local_bytes(graph.nbytes(v), lay, sizes) for lay in prop.copies.get(v, ()))
@@ -88,7 +78,7 @@ def memory_estimate(
     def transient(i: int) -> tuple[int, ...]:
         return (*reduced.get(i, ()), scratch(i) if expands else 0)
 
-    return device_memory(graph, prop.live, local, extra, transient=transient)
+    return device_memory(graph, prop.live, local, extra, transient=transient, reductions=reductions)
 
 
 def layout_cost(
