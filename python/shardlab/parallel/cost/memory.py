@@ -138,7 +138,7 @@ def _convolution_copies(graph: OpGraph, order: Sequence[int]) -> dict[int, Wide]
     input then output features last); layout assignment transposes any other operand into
     a copy of its own, written as soon as the operand is (a weight gradient's activations
     are copied in the forward pass and held to the backward)."""
-    out: dict[int, tuple[int, ...]] = {}
+    out: dict[int, Wide] = {}
     for i in order:
         node = graph.nodes[i]
         dn = (
@@ -525,7 +525,8 @@ def _assigned(
                 spans.append((unreduced, p, point[at], v))
                 size = max(size, result)
                 if size:
-                    spans.append((size, point[at], end if stays else max(last, point[at]), v))
+                    until = end if stays or last is None else max(last, point[at])
+                    spans.append((size, point[at], until, v))
                 continue
             if size:
                 last = point.get(lv.last_use.get(v, -1))

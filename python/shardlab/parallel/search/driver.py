@@ -277,8 +277,9 @@ def search(
         plan = _mixed(plan, failure, problem, float(memory_budget), verify_budget, staging)
     if staging is not None:
         plan = _with_stages(plan, problem, staging, pipeline, memory_budget, bool(verify_budget))
-    elif pipeline_note is not None:  # auto: stages could not be priced for this function
+    elif pipeline_note is not None and plan is not None:  # auto: stages could not be priced
         plan = dataclasses.replace(plan, notes=(*plan.notes, pipeline_note))
+    assert plan is not None  # _mixed returns None only when a staging can still fit
     report(1.0, "done")
     return dataclasses.replace(plan, search_time=time.perf_counter() - start)
 
