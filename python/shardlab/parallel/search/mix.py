@@ -89,8 +89,7 @@ def options(searched: Plan | None, baselines: Mapping[str, Plan]) -> list[Option
                     _remat_name(name, spec), variant, variant.cost.time, variant.cost.memory.peak
                 )
             )
-    order = {id(o): i for i, o in enumerate(out)}
-    return sorted(out, key=lambda o: (o.time, order[id(o)]))
+    return sorted(out, key=lambda o: o.time)  # stable: ties keep the order above
 
 
 @dataclasses.dataclass(frozen=True)
