@@ -505,6 +505,8 @@ def _assigned(
     point = {i: p for p, i in enumerate(lv.order, start=1)}
     end = len(lv.order)
     outputs = set(graph.outputs)
+    # A stacked buffer handed to the next iteration's update ends one point early.
+    early = {u: 1 for u in handed_over(graph, lv, size_of)}
     spans: list[tuple[int, int, int, int]] = []  # (bytes, first, last, var; -1: transient)
     for v in start:
         if size_of(v):
@@ -531,7 +533,8 @@ def _assigned(
             if size:
                 last = point.get(lv.last_use.get(v, -1))
                 stays = v in outputs or last is None
-                spans.append((size, p, end if stays or last is None else last, v))
+                until = end if stays or last is None else max(p, last - early.get(v, 0))
+                spans.append((size, p, until, v))
         extra = transient(i)
         for piece in (extra,) if isinstance(extra, int) else extra:
             if piece:
@@ -579,7 +582,12 @@ def _steps(
     alive = {v for v in start if size_of(v)}
     temp = sum(size_of(v) for v in alive)
     yield temp, alive
+    handed = handed_over(graph, lv, size_of)
     for i in lv.order:
+        for v in graph.nodes[i].inputs:
+            if v in handed and lv.last_use.get(v) == i and v in alive:
+                alive.discard(v)
+                temp -= size_of(v)
         for v in graph.nodes[i].outputs:
             size = size_of(v)
             if size:
@@ -608,6 +616,26 @@ def _snapshots(
             if len(out) == len(points):
                 break
     return out
+
+
+def handed_over(graph: OpGraph, lv: Liveness, size_of: Callable[[int], int]) -> frozenset[int]:
+    """Stacked buffers an unrolled scan's next ``scan_stack`` updates in place: the loop's
+    ``ys`` buffer is one allocation written slice by slice (a dynamic-update-slice in the
+    while loop's state), so a stack's version before an iteration and after it are never
+    held together."""
+    out: set[int] = set()
+    for i in lv.order:
+        node = graph.nodes[i]
+        if node.primitive != "scan_stack" or len(node.inputs) != 2:
+            continue
+        u = node.inputs[0]
+        if (
+            lv.last_use.get(u) == i
+            and u in lv.materialized
+            and size_of(u) == size_of(node.outputs[0])
+        ):
+            out.add(u)
+    return frozenset(out)
 
 
 def _total(extra: int | tuple[int, ...]) -> int:

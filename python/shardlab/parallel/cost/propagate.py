@@ -411,7 +411,7 @@ def _forward(
 # Cheap ops a consumer's layout is pulled back through (they are computed wherever needed).
 PULLED = ELEMENTWISE | frozenset(
     "broadcast_in_dim reshape squeeze expand_dims transpose convert_element_type iota "
-    "reduce_sum reduce_max reduce_min select_n".split()
+    "reduce_sum reduce_max reduce_min select_n scan_stack".split()
 )
 
 
@@ -423,14 +423,34 @@ def _pull_back(
     such a value to a split layout makes XLA compute it split, and its replicated inputs
     too, back through cheap ops (a replicated sharding is the least specific, so the
     users' wins). A reduction over a dimension split that way then leaves partial sums:
-    a load-balancing count over routed tokens is all-reduced, as compiled."""
+    a load-balancing count over routed tokens is all-reduced, as compiled.
+
+    A scan's stacked result read in a more split layout (a layer scan's stacked weight
+    gradients, taken by an optimizer update split ZeRO-style) is held that way: XLA writes
+    each iteration's slice split, and the partial sums it stacks are reduce-scattered."""
+
+    def refined(v: int, target: L.DimAxes) -> bool:
+        """``target`` splits ``v`` further than its layout, and ``v`` is free to take it."""
+        if graph.producer(v) < 0 or v in fixed:
+            return False
+        now = p.layout(v)
+        return now != target and all(
+            tuple(t[: len(n)]) == tuple(n) for n, t in zip(now, target, strict=True)
+        )
 
     def replicated(v: int) -> bool:
         return not any(p.layout(v)) and graph.producer(v) >= 0 and v not in fixed
 
     want: dict[int, L.DimAxes] = {}
     for var, target in p.cache:
-        if replicated(var) and any(target) and var not in want:
+        if var in want or not any(target):
+            continue
+        stacked = (
+            graph.nodes[graph.producer(var)].primitive == "scan_stack"
+            if graph.producer(var) >= 0
+            else False
+        )
+        if replicated(var) or (stacked and refined(var, target)):
             want[var] = target
     if not want:
         return {}
@@ -450,10 +470,10 @@ def _pull_back(
         factor_axes = L.to_factors(lay, rule.results[0], rule.factor_sizes, sizes)
         factor_axes = {f: a for f, a in factor_axes.items() if f not in rule.replicated}
         for u, dims in zip(node.inputs, rule.operands, strict=True):
-            if not replicated(u) or not graph.shapes[u] or u in out:
+            if not graph.shapes[u] or u in out:
                 continue
             need = L.from_factors(dims, factor_axes, rule.factor_sizes, sizes)
-            if any(need):
+            if any(need) and refined(u, need):
                 stack.append((u, need))
     return out
 

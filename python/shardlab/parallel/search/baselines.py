@@ -179,6 +179,7 @@ def build(
         _copy_to_state(t, layouts, params, state)
     if zero_stage not in (1, 2, 3):
         raise SearchError(f"zero_stage={zero_stage!r}: expected 1, 2 or 3")
+    gathered = list(layouts)  # the layouts a ZeRO-3 parameter is used in
     if zero_axes:
         targets = (state | params) if zero_stage == 3 else (state or params)
         for i, shape in enumerate(shapes):
@@ -195,9 +196,42 @@ def build(
                     break
     name = name or "custom"
     note = f"baseline {name}: argument layouts fixed, the partitioner propagates the rest"
+    constraints = _gathered_slices(t, layouts, gathered, params) if zero_stage == 3 else {}
+    if constraints:
+        note += "; each layer's parameters gathered where its scan reads them (FSDP)"
     return fixed_plan(
-        t.traced, mesh, layouts, method=name, device=device, notes=(note,), start=start
+        t.traced,
+        mesh,
+        layouts,
+        method=name,
+        device=device,
+        notes=(note,),
+        start=start,
+        constraints=constraints or None,
     )
+
+
+def _gathered_slices(
+    t: _On, layouts: list[L.DimAxes], gathered: list[L.DimAxes], params: set[int]
+) -> dict[int, L.DimAxes]:
+    """ZeRO-3 (FSDP) gathers a layer's parameters where the layer uses them. Stacked
+    parameters read by a layer scan are gathered per layer: each ``scan_slice`` of a split
+    stacked parameter is constrained to the layout the parameter would have without the
+    ZeRO split. Unconstrained, XLA's propagation lets the split parameter's sharding win
+    over the batch's inside the scan body when a Megatron axis is also used, and computes
+    every data-parallel replica's whole batch (measured: a 4 × 2 mesh's GPT step compiled
+    to 2.6× data parallel's memory)."""
+    g = t.graph
+    split = {
+        g.inputs[i]: gathered[i]
+        for i, a in enumerate(t.arg_of_leaf)
+        if a in params and layouts[i] != gathered[i]
+    }
+    out: dict[int, L.DimAxes] = {}
+    for node in g.nodes:
+        if node.primitive == "scan_slice" and node.inputs[0] in split:
+            out[node.index] = split[node.inputs[0]][1:]
+    return out
 
 
 def _copy_to_state(t: _On, layouts: list[L.DimAxes], params: set[int], state: set[int]):
