@@ -1,0 +1,76 @@
+"""Predicted ÷ compiled communication and memory of every corpus baseline (issue 17).
+
+The quick loop for work on the cost model: each baseline plan of each corpus model on the
+meshes (8,), (2, 4), (4, 2) is compiled once and its compiled figures cached in a JSON file
+(the baselines' layouts do not depend on the cost model), then every run re-predicts all
+plans with the current model and prints the ratios, flagging those outside 5% (``C``) and
+10% (``M``). The full corpus section (auto's plans too, equality) is
+``python -m shardlab.bench --only corpus``.
+
+Run: ``.venv/bin/python tools/corpus_fidelity.py [--cache FILE] [model ...]``
+(first run about 7 minutes here, later ones about 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", help="corpus model names (default: all)")
+    parser.add_argument("--cache", default=".corpus_fidelity.json", help="compiled figures")
+    ns = parser.parse_args()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", 8)
+    from shardlab.bench.corpus.models import MODELS
+    from shardlab.parallel.cost.profiles import comm_time
+    from shardlab.parallel.mesh import mesh as make_mesh
+    from shardlab.parallel.search.baselines import baselines
+
+    cache = json.load(open(ns.cache)) if os.path.exists(ns.cache) else {}
+    rows = []
+    for make in MODELS:
+        if ns.models and make.__name__ not in ns.models:
+            continue
+        case = make()
+        for shape in ((8,), (2, 4), (4, 2)):
+            mesh = make_mesh(shape=shape, names=("data", "model")[: len(shape)])
+            text = "x".join(map(str, shape))
+            for name, plan in baselines(case.fn, *case.args, mesh=mesh, device="cpu-sim").items():
+                key = f"{case.name}|{text}|{name}"
+                if key not in cache:
+                    start = time.perf_counter()
+                    report = plan.verify()
+                    cache[key] = {
+                        "comm": comm_time(report.collectives, "cpu-sim"),
+                        "memory": report.memory.total,
+                    }
+                    with open(ns.cache, "w") as f:
+                        json.dump(cache, f)
+                    print(f"compiled {key}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
+                got = cache[key]
+                comm = plan.cost.comm_time
+                comm_ratio = comm / got["comm"] if got["comm"] else (1.0 if comm == 0 else 99.0)
+                rows.append((key, comm_ratio, plan.cost.memory.peak / got["memory"]))
+            jax.clear_caches()
+            gc.collect()
+    for key, c, m in rows:
+        flag = ("C" if abs(c - 1) > 0.05 else " ") + ("M" if abs(m - 1) > 0.10 else " ")
+        print(f"{flag} {key:45s} comm {c:.2f} memory {m:.2f}")
+    comm_ok = sum(abs(c - 1) <= 0.05 for _, c, _ in rows)
+    mem_ok = sum(abs(m - 1) <= 0.10 for _, _, m in rows)
+    print(
+        f"communication within 5%: {comm_ok}/{len(rows)}; memory within 10%: {mem_ok}/{len(rows)}"
+    )
+
+
+if __name__ == "__main__":
+    main()
