@@ -99,13 +99,14 @@ def _model(layers: int) -> list[str]:
         f"parallel compiles to {human_bytes(reference)} per device",
         "",
         "| hand-made plan | mesh | predicted step ms | predicted memory | compiled memory | "
-        "÷ data parallel | equal |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "predicted ÷ compiled | ÷ data parallel | equal |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         out.append(
             f"| {r.name} | {r.mesh} | {r.predicted_time * 1e3:.3f} | "
             f"{human_bytes(r.predicted_memory)} | {human_bytes(r.compiled_memory)} | "
+            f"{r.predicted_memory / r.compiled_memory:.2f} | "
             f"{r.compiled_memory / reference:.2f} | {'yes' if r.equal else '**no**'} |"
         )
     if stages is not None:
@@ -119,8 +120,8 @@ def _model(layers: int) -> list[str]:
         "",
         "| budget | ÷ data parallel | best hand-made that fits (compiled) | its predicted ms | "
         "auto's plan | search s | auto predicted ms | auto ÷ best | auto compiled memory | "
-        "fits | equal |",
-        "|---:|---:|---|---:|---|---:|---:|---:|---:|---|---|",
+        "predicted ÷ compiled | fits | equal |",
+        "|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for fraction in FRACTIONS:
         budget = int(fraction * reference)
@@ -137,7 +138,7 @@ def _model(layers: int) -> list[str]:
         except SearchError as e:
             seconds = time.perf_counter() - start
             why = str(e).replace("|", "/")[:400]
-            out.append(f"{head} | refused: {why} | {seconds:.1f} | - | - | - | - | - |")
+            out.append(f"{head} | refused: {why} | {seconds:.1f} | - | - | - | - | - | - |")
             continue
         seconds = time.perf_counter() - start
         auto = _measure(plan.method, plan, case, want)
@@ -145,7 +146,8 @@ def _model(layers: int) -> list[str]:
         fits = "yes" if auto.compiled_memory <= budget else "**no**"
         out.append(
             f"{head} | {plan.method} | {seconds:.1f} | {auto.predicted_time * 1e3:.3f} | "
-            f"{ratio} | {human_bytes(auto.compiled_memory)} | {fits} | "
+            f"{ratio} | {human_bytes(auto.compiled_memory)} | "
+            f"{auto.predicted_memory / auto.compiled_memory:.2f} | {fits} | "
             f"{'yes' if auto.equal else '**no**'} |"
         )
     return out

@@ -39,7 +39,7 @@ from shardlab.parallel.records import Collective, DeviceMemoryEstimate
 
 SHAPE_ONLY = frozenset(
     "broadcast_in_dim reshape squeeze expand_dims iota transpose rev select_n copy copy_p "
-    "pad slice dynamic_slice concatenate".split()
+    "pad slice dynamic_slice concatenate scan_slice".split()
 )
 FUSIBLE = ELEMENTWISE | FREE | SHAPE_ONLY
 ABSORBS = FUSIBLE | frozenset(
@@ -87,6 +87,24 @@ FUSED_DEPTH = 1
 # fusion; smaller ones are loop fusions, which take any broadcast inside.
 LIBRARY_REDUCTION = 4096
 REDUCING = frozenset("reduce_sum reduce_max reduce_min reduce_prod".split())
+
+
+def scan_carries(graph: OpGraph) -> frozenset[int]:
+    """The carry each iteration of an unrolled scan hands to the next: the compiled loop
+    keeps it in the while loop's state, a buffer, however cheap the value is to recompute
+    (a residual stream ``x + attention(x) + mlp(x)`` is written out once per layer, not
+    fused across layers)."""
+    out: set[int] = set()
+    for group in graph.scan_groups:
+        body = group.body
+        for var in body.outputs[: group.num_carry]:
+            k = body.producer(var)
+            if k < 0:
+                continue
+            position = body.nodes[k].outputs.index(var)
+            for start in group.iteration_starts:
+                out.add(graph.nodes[start + k].outputs[position])
+    return frozenset(out)
 
 
 def _unfusable_broadcasts(graph: OpGraph, order: Sequence[int], fused: set[int]) -> dict[int, Wide]:
@@ -181,6 +199,7 @@ def liveness(
     operands transposed to its one layout). The plan's memory estimate uses them; the
     search's own memory rows do not yet (their budgets were tuned without them)."""
     order = tuple(n.index for n in graph.nodes if live[n.index])
+    carried = scan_carries(graph)
     consumers: dict[int, list[int]] = {}
     for i in order:
         for v in dict.fromkeys(graph.nodes[i].inputs):
@@ -193,7 +212,7 @@ def liveness(
             continue
         v = node.outputs[0]
         users = consumers.get(v, [])
-        if v in outputs or not users or v in materialize:
+        if v in outputs or not users or v in materialize or v in carried:
             continue
         if not all(graph.nodes[u].primitive in ABSORBS for u in users):
             continue
