@@ -39,7 +39,7 @@ from shardlab.parallel.records import Collective, DeviceMemoryEstimate
 
 SHAPE_ONLY = frozenset(
     "broadcast_in_dim reshape squeeze expand_dims iota transpose rev select_n copy copy_p "
-    "pad slice dynamic_slice concatenate scan_slice".split()
+    "pad slice dynamic_slice concatenate".split()
 )
 FUSIBLE = ELEMENTWISE | FREE | SHAPE_ONLY
 ABSORBS = FUSIBLE | frozenset(
