@@ -57,11 +57,18 @@ def memory_estimate(
     prop: Propagation,
     sizes: Mapping[str, int],
     profile: DeviceProfile | None = None,
+    overrides: Mapping[int, int] | None = None,
 ):
     """Per-device arguments, outputs and temp (``memory_model.device_memory``), and peak;
-    ``profile`` says which operations the backend expands with scratch buffers."""
+    ``profile`` says which operations the backend expands with scratch buffers;
+    ``overrides``: per variable, its per-device bytes instead of its layout's (a remat
+    policy's dropped residual stacks take none, ``cost/remat.py``)."""
+    overrides = overrides or {}
 
     def local(v: int) -> int:
+        got = overrides.get(v)
+        if got is not None:
+            return got
         dims = prop.layouts[v] or L.replicated(len(graph.shapes[v]))
         return L.local_bytes(graph.nbytes(v), dims, sizes)
 

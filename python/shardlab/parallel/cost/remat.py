@@ -4,12 +4,16 @@ A train step over scanned layers holds, when its backward scan starts, the forwa
 stacked residuals (``ys``): per layer, every intermediate the backward needs. A remat policy
 (``plan/remat.py``) keeps only some of them — ``dots``: the matmul outputs, ``nothing``:
 none — plus each layer's input carry, and the backward scan recomputes the rest one layer at
-a time. So per device, against the plain step's ``memory_estimate``:
+a time. So per device, the plan's memory model is walked again with the dropped residual
+stacks taking no bytes and one of them holding the saved layer inputs (the peak moves, and
+output buffers host what they can); the backward's slices of the dropped stacks remain one
+layer's recomputed buffers. Without that walk (``estimate`` not given), against the plain
+step's ``memory_estimate``:
 
     temp' = temp − Σ dropped residual stacks + Σ saved input stacks + the largest dropped
             residual of one layer (recomputed inside the backward step)
 
-and the extra work is the forward body's equations those residuals need, once per layer
+The extra work is the forward body's equations those residuals need, once per layer
 (``rule.flops`` per node, split as the plan splits each node's output; its roofline time
 from the propagation's per-node spans). Arguments and outputs do not change.
 
@@ -215,6 +219,7 @@ def remat_cost(
     sizes: Mapping[str, int],
     memory: DeviceMemoryEstimate,
     spec: RematSpec,
+    estimate: Callable[[Mapping[int, int]], DeviceMemoryEstimate] | None = None,
 ) -> RematCost:
     """Predicted per-device memory and extra recompute of ``spec`` on a plan.
 
@@ -224,6 +229,11 @@ def remat_cost(
         sizes: ``{mesh axis: size}``.
         memory: the plan's memory estimate without remat (``memory_estimate``).
         spec: the remat spec.
+        estimate: the plan's memory model re-run with some variables' per-device bytes
+            replaced (``predict.memory_estimate(..., overrides=...)``). Given, the remat
+            memory is that walk with the dropped residual stacks taking no bytes and one of
+            them holding the saved layer inputs instead: the peak moves and output buffers
+            host what they can, as compiled. Without it, the module docstring's formula.
 
     Raises:
         SearchError: as ``selected_scans``.
@@ -240,22 +250,31 @@ def remat_cost(
     seconds = {i: s for i, _, _, s in prop.spans}
     dropped = saved = layer = 0
     flops = time = 0.0
+    overrides: dict[int, int] = {}
     for f, pair in pairs.items():
         group = graph.scan_groups[f]
         ys = group.outputs[group.num_carry :]
-        sizes_ = [local(ys[k]) for k in pair.dropped(spec.policy)]
+        gone = pair.dropped(spec.policy)
+        sizes_ = [local(ys[k]) for k in gone]
         dropped += sum(sizes_)
         layer = max(layer, max(sizes_, default=0) // group.length)
-        saved += sum(local(v) for v in group.outputs[: group.num_carry]) * group.length
+        kept = sum(local(v) for v in group.outputs[: group.num_carry]) * group.length
+        saved += kept
+        for n, k in enumerate(gone):  # every iteration's version of the stacked buffer
+            for stacks in group.stacks:
+                overrides[graph.nodes[stacks[k]].outputs[0]] = kept if n == 0 else 0
         for k in recomputed_nodes(group, pair, spec.policy):
             for start in group.iteration_starts:
                 node = graph.nodes[start + k]
                 flops += _node_flops(graph, node.index, local)
                 time += seconds.get(node.index, 0.0)
-    temp = max(0, memory.activations - dropped + saved + layer)
-    predicted = dataclasses.replace(
-        memory, activations=temp, peak=memory.parameters + memory.outputs + temp
-    )
+    if estimate is not None and overrides:
+        predicted = estimate(overrides)
+    else:
+        temp = max(0, memory.activations - dropped + saved + layer)
+        predicted = dataclasses.replace(
+            memory, activations=temp, peak=memory.parameters + memory.outputs + temp
+        )
     return RematCost(spec.policy, tuple(pairs), predicted, dropped, saved, layer, flops, time)
 
 

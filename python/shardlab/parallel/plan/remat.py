@@ -183,9 +183,10 @@ def _backward_runner(
     return runner
 
 
-def _priced(plan: Any) -> tuple[OpGraph, Any, dict[str, int], Any]:
-    """The plan's graph, its propagation re-run from its layouts, the mesh sizes and the
-    memory estimate without remat: what every remat spec on ``plan`` is priced against."""
+def _priced(plan: Any) -> tuple[OpGraph, Any, dict[str, int], Any, Any]:
+    """The plan's graph, its propagation re-run from its layouts, the mesh sizes, the
+    memory estimate without remat and the memory model to re-run with some variables'
+    bytes replaced: what every remat spec on ``plan`` is priced against."""
     b = plan.binding
     if b is None:
         raise SearchError(
@@ -204,14 +205,18 @@ def _priced(plan: Any) -> tuple[OpGraph, Any, dict[str, int], Any]:
         constraints=constraints or None,
         output_layouts=list(plan.output_specs),
     )
-    return g, prop, sizes, memory_estimate(g, prop, sizes, profile)
+
+    def estimate(overrides: Any) -> Any:
+        return memory_estimate(g, prop, sizes, profile, overrides=overrides)
+
+    return g, prop, sizes, memory_estimate(g, prop, sizes, profile), estimate
 
 
 def plan_remat_cost(plan: Any, spec: RematSpec) -> RematCost:
     """The cost model's account of ``spec`` on ``plan`` (``cost/remat.py``): the plan's
     propagation re-run from its layouts, then the residual stacks dropped and kept."""
-    g, prop, sizes, base = _priced(plan)
-    return remat_cost(g, prop, sizes, base, spec)
+    g, prop, sizes, base, estimate = _priced(plan)
+    return remat_cost(g, prop, sizes, base, spec, estimate)
 
 
 def _applied(plan: Any, spec: RematSpec, got: RematCost) -> Any:
@@ -261,5 +266,5 @@ def remat_variants(plan: Any, specs: list[RematSpec]) -> list[Any]:
     (the search prices every policy and layer group this way)."""
     if not specs:
         return []
-    g, prop, sizes, base = _priced(plan)
-    return [_applied(plan, s, remat_cost(g, prop, sizes, base, s)) for s in specs]
+    g, prop, sizes, base, estimate = _priced(plan)
+    return [_applied(plan, s, remat_cost(g, prop, sizes, base, s, estimate)) for s in specs]
