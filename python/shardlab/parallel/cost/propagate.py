@@ -445,11 +445,8 @@ def _pull_back(
     for var, target in p.cache:
         if var in want or not any(target):
             continue
-        stacked = (
-            graph.nodes[graph.producer(var)].primitive == "scan_stack"
-            if graph.producer(var) >= 0
-            else False
-        )
+        i = graph.producer(var)
+        stacked = i >= 0 and graph.nodes[i].primitive == "scan_stack"
         if replicated(var) or (stacked and refined(var, target)):
             want[var] = target
     if not want:
