@@ -31,6 +31,7 @@ def main() -> None:
 
     jax.config.update("jax_num_cpu_devices", 8)
     from shardlab.bench.corpus.models import MODELS
+    from shardlab.bench.corpus.section import COMM_WITHIN, MEMORY_WITHIN, MESHES, PROFILE, ratio
     from shardlab.parallel.cost.profiles import comm_time
     from shardlab.parallel.mesh import mesh as make_mesh
     from shardlab.parallel.search.baselines import baselines
@@ -41,32 +42,38 @@ def main() -> None:
         if ns.models and make.__name__ not in ns.models:
             continue
         case = make()
-        for shape in ((8,), (2, 4), (4, 2)):
+        for shape in MESHES:
             mesh = make_mesh(shape=shape, names=("data", "model")[: len(shape)])
             text = "x".join(map(str, shape))
-            for name, plan in baselines(case.fn, *case.args, mesh=mesh, device="cpu-sim").items():
+            for name, plan in baselines(case.fn, *case.args, mesh=mesh, device=PROFILE).items():
                 key = f"{case.name}|{text}|{name}"
                 if key not in cache:
                     start = time.perf_counter()
                     report = plan.verify()
                     cache[key] = {
-                        "comm": comm_time(report.collectives, "cpu-sim"),
+                        "comm": comm_time(report.collectives, PROFILE),
                         "memory": report.memory.total,
                     }
                     with open(ns.cache, "w") as f:
                         json.dump(cache, f)
                     print(f"compiled {key}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
                 got = cache[key]
-                comm = plan.cost.comm_time
-                comm_ratio = comm / got["comm"] if got["comm"] else (1.0 if comm == 0 else 99.0)
-                rows.append((key, comm_ratio, plan.cost.memory.peak / got["memory"]))
+                rows.append(
+                    (
+                        key,
+                        ratio(plan.cost.comm_time, got["comm"]),
+                        ratio(plan.cost.memory.peak, got["memory"]),
+                    )
+                )
             jax.clear_caches()
             gc.collect()
     for key, c, m in rows:
-        flag = ("C" if abs(c - 1) > 0.05 else " ") + ("M" if abs(m - 1) > 0.10 else " ")
+        flag = ("C" if abs(c - 1) > COMM_WITHIN else " ") + (
+            "M" if abs(m - 1) > MEMORY_WITHIN else " "
+        )
         print(f"{flag} {key:45s} comm {c:.2f} memory {m:.2f}")
-    comm_ok = sum(abs(c - 1) <= 0.05 for _, c, _ in rows)
-    mem_ok = sum(abs(m - 1) <= 0.10 for _, _, m in rows)
+    comm_ok = sum(abs(c - 1) <= COMM_WITHIN for _, c, _ in rows)
+    mem_ok = sum(abs(m - 1) <= MEMORY_WITHIN for _, _, m in rows)
     print(
         f"communication within 5%: {comm_ok}/{len(rows)}; memory within 10%: {mem_ok}/{len(rows)}"
     )

@@ -55,11 +55,11 @@ class PlanRow:
 
     @property
     def comm_ratio(self) -> float:
-        return _ratio(self.predicted_comm, self.compiled_comm)
+        return ratio(self.predicted_comm, self.compiled_comm)
 
     @property
     def memory_ratio(self) -> float:
-        return _ratio(self.predicted_memory, self.compiled_memory)
+        return ratio(self.predicted_memory, self.compiled_memory)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +82,8 @@ class CaseRow:
         return min(self.plans[1:], key=lambda r: r.objective)
 
 
-def _ratio(predicted: float, compiled: float) -> float:
+def ratio(predicted: float, compiled: float) -> float:
+    """Predicted ÷ compiled (1 when both are 0, infinite when only compiled is)."""
     if compiled == 0:
         return 1.0 if predicted == 0 else float("inf")
     return predicted / compiled

@@ -525,7 +525,7 @@ def _assigned(
     end = len(lv.order)
     outputs = set(graph.outputs)
     # A stacked buffer handed to the next iteration's update ends one point early.
-    early = {u: 1 for u in handed_over(graph, lv, size_of)}
+    handed = handed_over(graph, lv, size_of)
     spans: list[tuple[int, int, int, int]] = []  # (bytes, first, last, var; -1: transient)
     for v in start:
         if size_of(v):
@@ -552,7 +552,7 @@ def _assigned(
             if size:
                 last = point.get(lv.last_use.get(v, -1))
                 stays = v in outputs or last is None
-                until = end if stays or last is None else max(p, last - early.get(v, 0))
+                until = end if stays or last is None else max(p, last - (v in handed))
                 spans.append((size, p, until, v))
         extra = transient(i)
         for piece in (extra,) if isinstance(extra, int) else extra:
