@@ -25,6 +25,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", help="corpus model names (default: all)")
     parser.add_argument("--cache", default=".corpus_fidelity.json", help="compiled figures")
+    parser.add_argument(
+        "--detail",
+        action="store_true",
+        help="compile each plan again and print its collectives per kind, predicted and compiled",
+    )
+    parser.add_argument("--match", default="", help="only plans whose key contains this")
     ns = parser.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
@@ -47,6 +53,8 @@ def main() -> None:
             text = "x".join(map(str, shape))
             for name, plan in baselines(case.fn, *case.args, mesh=mesh, device=PROFILE).items():
                 key = f"{case.name}|{text}|{name}"
+                if ns.match not in key:
+                    continue
                 if key not in cache:
                     start = time.perf_counter()
                     report = plan.verify()
@@ -58,6 +66,8 @@ def main() -> None:
                         json.dump(cache, f)
                     print(f"compiled {key}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
                 got = cache[key]
+                if ns.detail:
+                    _detail(key, plan)
                 rows.append(
                     (
                         key,
@@ -77,6 +87,29 @@ def main() -> None:
     print(
         f"communication within 5%: {comm_ok}/{len(rows)}; memory within 10%: {mem_ok}/{len(rows)}"
     )
+
+
+def _detail(key, plan) -> None:
+    """Per (kind, mesh axes): count and bytes per call, predicted then compiled."""
+    from collections import Counter
+
+    def table(collectives):
+        count, nbytes = Counter(), Counter()
+        for c in collectives:
+            k = (c.kind, ",".join(c.mesh_axes))
+            count[k] += c.count
+            nbytes[k] += c.bytes * c.count
+        return count, nbytes
+
+    pc, pb = table(plan.cost.collectives)
+    report = plan.verify()
+    cc, cb = table(report.collectives)
+    print(f"-- {key}: memory predicted {plan.cost.memory.peak} compiled {report.memory.total}")
+    for k in sorted(set(pc) | set(cc)):
+        print(
+            f"   {k[0]:18s} {k[1]:10s} predicted {pc[k]:4d} x {pb[k]:>10,d} B"
+            f"   compiled {cc[k]:4d} x {cb[k]:>10,d} B"
+        )
 
 
 if __name__ == "__main__":

@@ -45,9 +45,15 @@ def loop_of(g: OpGraph, node: int) -> tuple[int, int] | None:
 
 
 def post_order(g: OpGraph) -> dict[int, int]:
-    """Per node, its position in a depth-first post order from the graph's outputs, operands
-    in order (``HloComputation::MakeInstructionPostOrder``); nodes no output reads come
-    after, in program order."""
+    """Per node, its position in a depth-first post order from the graph's outputs
+    (``HloComputation::MakeInstructionPostOrder``, the order XLA's all-reduce combiner
+    visits); nodes no output reads come after, in program order.
+
+    Operands are visited last first. XLA:CPU combines after fusion, where an instruction's
+    operands are no longer in the jaxpr's order; visiting the jaxpr's operands last first
+    reproduces the compiled grouping where first-first did not (the PINN's grad-of-grad
+    step: 13 combined all-reduces, as compiled, not 11; corpus communication within 5%
+    123 -> 128 of 144 baselines, none worse: ``tools/corpus_fidelity.py``)."""
     pos: dict[int, int] = {}
     for out in g.outputs:
         root = g.producer(out)
@@ -57,7 +63,7 @@ def post_order(g: OpGraph) -> dict[int, int]:
         seen = {root}
         while stack:
             i, k = stack.pop()
-            inputs = g.nodes[i].inputs
+            inputs = g.nodes[i].inputs[::-1]
             while k < len(inputs):
                 p = g.producer(inputs[k])
                 k += 1

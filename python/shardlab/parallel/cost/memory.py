@@ -253,6 +253,7 @@ def device_memory(
     lv: Liveness | None = None,
     transient: Transient = lambda i: 0,
     reductions: Reductions | None = None,
+    moved: Collection[int] = (),
 ) -> DeviceMemoryEstimate:
     """Per-device ``arguments + outputs + temp`` of a strategy.
 
@@ -271,6 +272,9 @@ def device_memory(
             its unreduced and reduced buffers (``all_reduce_spans``): the unreduced buffer
             lives from the producer to the all-reduce, the reduced one from there to the
             last use, in its own buffer (an all-reduce never writes over its operand).
+        moved: outputs computed in one layout and moved (resharded) into their final one.
+            Computed by fusible ops that only fusible ops read, their computed buffer is
+            the move's operand alone: each consumer recomputes the value fused.
     """
     lv = lv or liveness(graph, live, materialize=reductions or (), copies=True)
     output_local = output_local or local
@@ -288,12 +292,27 @@ def device_memory(
             v: (at, unreduced, 0 if v in hosted else result)
             for v, (at, unreduced, result) in reductions.items()
         }
-        peak, _ = _assigned(graph, lv, held, start, transient, slots, reductions)
+        brief = _recomputed(graph, lv, moved)
+        peak, _ = _assigned(graph, lv, held, start, transient, slots, reductions, brief)
     else:
         peak, _ = _walk(graph, lv, held, start, transient, slots)
     return DeviceMemoryEstimate(
         parameters=params, outputs=out_bytes, activations=peak, peak=params + out_bytes + peak
     )
+
+
+def _recomputed(graph: OpGraph, lv: Liveness, moved: Collection[int]) -> frozenset[int]:
+    """Of the outputs moved into their final layout, those a fusible op computes and only
+    fusible ops read (an Adam moment computed split like its gradient, gathered into the
+    replicated state, and read split by the parameter update)."""
+    out = set()
+    for v in moved:
+        i = graph.producer(v)
+        if i < 0 or graph.nodes[i].primitive not in FUSIBLE or len(graph.nodes[i].outputs) != 1:
+            continue
+        if all(graph.nodes[c].primitive in ABSORBS for c in graph.consumers(v)):
+            out.add(v)
+    return frozenset(out)
 
 
 def all_reduce_spans(
@@ -515,6 +534,7 @@ def _assigned(
     transient: Transient,
     slots: dict[int, int],
     reductions: Reductions | None = None,
+    brief: Collection[int] = (),
 ) -> tuple[int, frozenset[int]]:
     """Peak temp bytes when temporaries are first placed in output buffers, as XLA's buffer
     assignment does before the heap: largest first, each into the smallest output buffer
@@ -551,8 +571,13 @@ def _assigned(
                 continue
             if size:
                 last = point.get(lv.last_use.get(v, -1))
-                stays = v in outputs or last is None
-                until = end if stays or last is None else max(p, last - (v in handed))
+                if v in outputs:
+                    # An output's own buffer is counted apart; what it holds in temp (the
+                    # layout it was computed in before moving into the output's, copies
+                    # for its consumers) is freed after its last use.
+                    until = p if last is None or v in brief else max(p, last)
+                else:
+                    until = end if last is None else max(p, last - (v in handed))
                 spans.append((size, p, until, v))
         extra = transient(i)
         for piece in (extra,) if isinstance(extra, int) else extra:

@@ -52,6 +52,28 @@ def _constraint_layouts(
     return out
 
 
+def _slices(own: L.DimAxes, lay: L.DimAxes) -> bool:
+    """``lay`` splits further what ``own`` splits (each dimension's axes extend its own):
+    a local slice, which XLA fuses into the consumer that reads it, not a buffer."""
+    return len(own) == len(lay) and all(
+        tuple(t[: len(o)]) == tuple(o) for o, t in zip(own, lay, strict=True)
+    )
+
+
+def _gathered_inside(shape: Sequence[int], was: L.DimAxes, now: L.DimAxes) -> bool:
+    """An output moved from layout ``was`` to ``now`` is gathered along a dimension after
+    one of size > 1: XLA:CPU gathers along the major dimension and copies the result into
+    row-major order, a buffer of the output's size while it moves (measured: gathering an
+    f32[8,64,32] output over dimension 1 or 2 takes 64 KiB of temp, over dimension 0
+    none)."""
+    if len(now) != len(was):
+        return False
+    for d, (a, b) in enumerate(zip(was, now, strict=True)):
+        if set(a) - set(b) and any(n > 1 for n in shape[:d]):
+            return True
+    return False
+
+
 def memory_estimate(
     graph: OpGraph,
     prop: Propagation,
@@ -76,16 +98,47 @@ def memory_estimate(
     # reduced one from there (``memory_model.all_reduce_spans``).
     reductions, reduced = all_reduce_spans(graph, prop.collectives, prop.collective_nodes, local)
 
+    outputs = set(graph.outputs)
+
     def extra(v: int) -> int:  # copies in the other layouts its consumers needed
-        return sum(L.local_bytes(graph.nbytes(v), lay, sizes) for lay in prop.copies.get(v, ()))
+        # An output's slices for its consumers are read from the output's buffer in place.
+        own = prop.computed.get(v) or prop.layouts[v] or L.replicated(len(graph.shapes[v]))
+        return sum(
+            L.local_bytes(graph.nbytes(v), lay, sizes)
+            for lay in prop.copies.get(v, ())
+            if v not in outputs or lay == own or not _slices(own, lay)
+        )
 
     scratch = expansion_scratch(graph, local)
     expands = profile is not None and profile.expands_select_and_scatter
 
-    def transient(i: int) -> tuple[int, ...]:
-        return (*reduced.get(i, ()), scratch(i) if expands else 0)
+    # Outputs gathered along an inner dimension wait, gathered in the major dimension's
+    # order, for the copies into their buffers at the program's end; XLA places about every
+    # other one in an output buffer copied later (measured: 1, 2, 4, 8 such outputs of
+    # f32[3,3,32,32] take 1, 1, 2, 4 of them in temp), the larger first.
+    waiting = sorted(
+        (
+            local(v)
+            for v, was in prop.computed.items()
+            if _gathered_inside(graph.shapes[v], was, prop.layouts[v] or ())
+        ),
+        reverse=True,
+    )
+    last = max((i for i, on in enumerate(prop.live) if on), default=-1)
+    at_end = sum(waiting[::2])
 
-    return device_memory(graph, prop.live, local, extra, transient=transient, reductions=reductions)
+    def transient(i: int) -> tuple[int, ...]:
+        return (*reduced.get(i, ()), scratch(i) if expands else 0, at_end if i == last else 0)
+
+    return device_memory(
+        graph,
+        prop.live,
+        local,
+        extra,
+        transient=transient,
+        reductions=reductions,
+        moved=frozenset(prop.computed),
+    )
 
 
 def layout_cost(

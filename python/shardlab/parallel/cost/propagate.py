@@ -59,6 +59,8 @@ class Propagation:
     compute_time: float = 0.0
     # Per variable, the other layouts it was resharded to (each a buffer of its own).
     copies: dict[int, set[L.DimAxes]] = dataclasses.field(default_factory=dict)
+    # Per output resharded into its final layout (``layouts``), the layout it was computed in.
+    computed: dict[int, L.DimAxes] = dataclasses.field(default_factory=dict)
 
 
 class _Propagator:
@@ -203,8 +205,22 @@ class _Propagator:
                 return var
             var = u
 
-    def reshard(self, var: int, target: L.DimAxes) -> None:
-        """Make ``var`` available in layout ``target`` (a cached copy, like XLA's CSE)."""
+    def _broadcast_operand(self, var: int) -> int | None:
+        """The operand of the ``broadcast_in_dim`` that computed ``var``, when smaller."""
+        p = self.g.producer(var)
+        if p < 0 or self.g.nodes[p].primitive != "broadcast_in_dim":
+            return None
+        (operand,) = self.g.nodes[p].inputs[:1]
+        if not self.g.shapes[operand] or self.g.nbytes(operand) >= self.g.nbytes(var):
+            return None
+        return operand
+
+    def reshard(self, var: int, target: L.DimAxes, *, shared: bool = True) -> None:
+        """Make ``var`` available in layout ``target`` (a cached copy, like XLA's CSE).
+
+        ``shared=False``: a copy for this consumer alone, as the partitioner makes for an
+        operand an elementwise op broadcasts implicitly (size-1 dimensions expanded: each
+        such op lowers to a broadcast of its own, resharded apart)."""
         self.resolve_partial(var, target)
         src = self.layout(var)
         if src != target and any(target) and any(src):
@@ -212,9 +228,21 @@ class _Propagator:
             if root != var:
                 self.cache.setdefault((var, target), None)
                 var = root
-        if src == target or (var, target) in self.cache:
+        if src == target or (shared and (var, target) in self.cache):
             return
         self.cache[(var, target)] = None
+        if (operand := self._broadcast_operand(var)) is not None:
+            # A broadcast is computed in whatever layout its consumer needs: the partitioner
+            # reshards its (smaller) operand, as Shardy gives a conflicting axis to the
+            # larger tensor (a BatchNorm backward's per-channel sums, not the activations).
+            node = self.g.nodes[self.g.producer(var)]
+            shape, out = self.g.shapes[operand], self.g.shapes[var]
+            need = tuple(
+                target[d] if shape[i] == out[d] else ()
+                for i, d in enumerate(node.params["broadcast_dimensions"])
+            )
+            self.reshard(operand, need)
+            return
         for kind, nbytes, group, axes in L.reshard(src, target, self.g.nbytes(var), self.sizes):
             self.emit(kind, nbytes, group, axes)
 
@@ -267,12 +295,14 @@ class _Propagator:
             self.resolve_partial(v)
         factor_axes = self.choose(node, rule)
         in_bytes, out_bytes = [], []
+        # the result shape an elementwise op broadcasts size-1 operand dimensions to
+        expands = self.g.shapes[node.outputs[0]] if node.primitive in ELEMENTWISE else None
         for v, dims in zip(node.inputs, rule.operands, strict=True):
             need = L.from_factors(dims, factor_axes, rule.factor_sizes, self.sizes)
             in_bytes.append(L.local_bytes(self.g.nbytes(v), need, self.sizes))
             if self.g.literal[v] is not None and not self.g.shapes[v]:
                 continue
-            self.reshard(v, need)
+            self.reshard(v, need, shared=not (expands and self.g.shapes[v] != expands))
         for v, dims in zip(node.outputs, rule.results, strict=True):
             lay = L.from_factors(dims, factor_axes, rule.factor_sizes, self.sizes)
             self.lay[v] = lay
@@ -518,5 +548,14 @@ def propagate(
         lay = computed.get(var, target) if target == p.lay[var] else target
         copies.setdefault(var, set()).add(lay)
     return Propagation(
-        p.lay, p.out, p.flops, p.warnings, live, p.spans, p.collective_nodes, p.seconds, copies
+        p.lay,
+        p.out,
+        p.flops,
+        p.warnings,
+        live,
+        p.spans,
+        p.collective_nodes,
+        p.seconds,
+        copies,
+        computed,
     )
