@@ -241,3 +241,50 @@ def test_corpus_plan_predicts_the_compiled_collectives_per_kind(model, plan, sha
     chosen = baselines(case.fn, *case.args, mesh=mesh)[plan]
     report = chosen.verify()
     assert _per_kind(chosen.cost.collectives) == _per_kind(report.collectives)
+
+
+@pytest.mark.parametrize("shards", [2, 4, 8])
+@pytest.mark.parametrize("pieces", [(32, 32, 32), (48, 16, 32), (16, 48)])
+def test_a_split_along_a_split_dimension_is_a_halo_exchange(shards, pieces):
+    """``jnp.split`` of a dimension split over the mesh (a fused qkv projection under
+    Megatron): the pieces stay split, each device fetching its part of a piece from the
+    devices holding it with collective-permutes (XLA's halo exchange; near and far halos),
+    as many and as wide as compiled. The old model gathered the operand (all-gathers)."""
+    mesh = make_mesh(shape=(8 // shards, shards), names=AXES)
+    cuts = list(itertools.accumulate(pieces))[:-1]
+
+    def f(x):
+        return tuple(jnp.sin(p) for p in jnp.split(x, cuts, axis=1))
+
+    x = jax.ShapeDtypeStruct((16, sum(pieces)), jnp.float32)
+    split = PartitionSpec(None, "model")
+    compiled, predicted = _compiled_and_predicted(f, [x], mesh, (split,), (split,) * len(pieces))
+    assert {k for k, _, _ in compiled} == {"collective-permute"}
+    assert predicted == compiled
+
+
+@pytest.mark.parametrize(
+    ("mesh_shape", "shape", "spec"),
+    [
+        ((2, 4), (16, 8, 32), PartitionSpec("data", None, "model")),
+        ((2, 4), (2, 8, 32), PartitionSpec(None, None, "model")),
+        ((1, 8), (4, 16, 32), PartitionSpec(None, None, "model")),
+    ],
+)
+def test_a_concatenation_along_a_split_dimension_moves_the_split_with_all_to_alls(
+    mesh_shape, shape, spec
+):
+    """``jnp.concatenate`` of pieces split along the joined dimension (the backward of
+    the qkv split): XLA moves the split to the first other dimension it divides (one
+    all-to-all per piece), joins locally and moves the result's split back (one more).
+    The old model all-gathered every piece."""
+    mesh = make_mesh(shape=mesh_shape, names=AXES)
+    axis = len(shape) - 1
+
+    def f(x, y, z):
+        return jnp.sin(jnp.concatenate([jnp.sin(x), jnp.cos(y), jnp.tanh(z)], axis=axis))
+
+    args = [jax.ShapeDtypeStruct(shape, jnp.float32)] * 3
+    compiled, predicted = _compiled_and_predicted(f, args, mesh, (spec,) * 3, spec)
+    assert [k for k, _, _ in compiled] == ["all-to-all"] * 4
+    assert predicted == compiled

@@ -277,6 +277,10 @@ class _Propagator:
         self.lay[dst] = target
 
     def generic(self, node: Node) -> None:
+        if node.primitive in ("split", "slice") and self.windowed(node):
+            return
+        if node.primitive == "concatenate" and self.concatenated(node):
+            return
         rule = rule_for(node, self.g)
         if not rule.known:
             self.warnings.append(
@@ -316,6 +320,107 @@ class _Propagator:
         assert self.lv is not None
         nbytes = traffic(self.g, self.lv, self.args, node, in_bytes, out_bytes)
         self.seconds += self.profile.op_time(rule.flops / used, nbytes) * self.count
+
+    def _pieces(self, node: Node) -> tuple[int, list[tuple[int, int, int]]] | None:
+        """A split's or unit-stride slice's sliced dimension and its pieces ``(result,
+        start, length)``, when the operand is split along that dimension (and no other
+        sliced one)."""
+        shape = self.g.shapes[node.inputs[0]]
+        dims = self.layout(node.inputs[0])
+        if node.primitive == "split":
+            axis = node.params["axis"] % len(shape)
+            starts = [0]
+            for n in node.params["sizes"][:-1]:
+                starts.append(starts[-1] + n)
+            pieces = list(zip(node.outputs, starts, node.params["sizes"], strict=True))
+            return (axis, pieces) if dims[axis] else None
+        if any(s != 1 for s in node.params.get("strides") or ()):
+            return None
+        cut = [
+            d
+            for d, (a, b) in enumerate(
+                zip(node.params["start_indices"], node.params["limit_indices"], strict=True)
+            )
+            if a != 0 or b != shape[d]
+        ]
+        split = [d for d in cut if dims[d]]
+        if len(split) != 1:
+            return None
+        (axis,) = split
+        start = node.params["start_indices"][axis]
+        return axis, [(node.outputs[0], start, node.params["limit_indices"][axis] - start)]
+
+    def windowed(self, node: Node) -> bool:
+        """A split or slice along a dimension its operand is split over: the result stays
+        split that way, each shard's piece fetched by the partitioner's halo exchange
+        (collective-permutes, ``layouts.slice_halos``), not by gathering the operand: a
+        fused qkv projection split into q, k and v, RoPE's halves. ``False`` where the
+        partitioner gathers instead (the op's rule does that)."""
+        v = node.inputs[0]
+        self.resolve_partial(v)
+        found = self._pieces(node)
+        if found is None:
+            return False
+        axis, pieces = found
+        dims = self.layout(v)
+        size = self.g.shapes[v][axis]
+        shards = math.prod(self.sizes[a] for a in dims[axis])
+        halos = [L.slice_halos(size, shards, start, length) for _, start, length in pieces]
+        if any(h is None for h in halos):
+            return False
+        local = L.local_bytes(self.g.nbytes(v), dims, self.sizes)
+        per_column = local // (size // shards)
+        for widths in halos:
+            for width in widths or ():
+                self.emit("collective-permute", width * per_column, 2, dims[axis])
+        out_bytes = []
+        for out, _, _ in pieces:
+            self.lay[out] = dims
+            out_bytes.append(L.local_bytes(self.g.nbytes(out), dims, self.sizes))
+        assert self.lv is not None
+        nbytes = traffic(self.g, self.lv, self.args, node, [local], out_bytes)
+        self.seconds += self.profile.op_time(0.0, nbytes) * self.count
+        return True
+
+    def concatenated(self, node: Node) -> bool:
+        """A concatenation along a dimension its operands are split over: the partitioner
+        moves that split to the first other dimension it divides (all-to-alls), joins the
+        pieces locally and moves the result's split back (one more all-to-all): the
+        backward of a fused qkv split. ``False`` where no dimension takes it (the op's
+        rule gathers)."""
+        axis = node.params["dimension"]
+        for v in node.inputs:
+            self.resolve_partial(v)
+        split = [v for v in node.inputs if self.layout(v)[axis]]
+        if not split:
+            return False
+        base = self.layout(max(split, key=self.g.nbytes))
+        moved = base[axis]
+        shards = math.prod(self.sizes[a] for a in moved)
+        (out,) = node.outputs
+        shape = self.g.shapes[out]
+        target = None
+        for d, n in enumerate(shape):
+            held = math.prod(self.sizes[a] for a in base[d])
+            if d != axis and n % held == 0 and (n // held) % shards == 0:
+                target = tuple(
+                    () if k == axis else (*axes, *moved) if k == d else axes
+                    for k, axes in enumerate(base)
+                )
+                break
+        if target is None:
+            return False
+        for v in node.inputs:
+            self.reshard(v, target)
+        self.lay[out] = target
+        in_bytes = [L.local_bytes(self.g.nbytes(v), target, self.sizes) for v in node.inputs]
+        out_bytes = [L.local_bytes(self.g.nbytes(out), target, self.sizes)]
+        assert self.lv is not None
+        nbytes = traffic(self.g, self.lv, self.args, node, in_bytes, out_bytes)
+        self.seconds += self.profile.op_time(0.0, nbytes) * self.count
+        self.reshard(out, base)  # the result takes its operands' split again
+        self.lay[out] = base
+        return True
 
     def choose(self, node: Node, rule: OpRule) -> dict[int, tuple[str, ...]]:
         def rank(i: int) -> tuple[int, int, int, int]:
