@@ -52,14 +52,6 @@ def _constraint_layouts(
     return out
 
 
-def _slices(own: L.DimAxes, lay: L.DimAxes) -> bool:
-    """``lay`` splits further what ``own`` splits (each dimension's axes extend its own):
-    a local slice, which XLA fuses into the consumer that reads it, not a buffer."""
-    return len(own) == len(lay) and all(
-        tuple(t[: len(o)]) == tuple(o) for o, t in zip(own, lay, strict=True)
-    )
-
-
 def _gathered_inside(shape: Sequence[int], was: L.DimAxes, now: L.DimAxes) -> bool:
     """An output moved from layout ``was`` to ``now`` is gathered along a dimension after
     one of size > 1: XLA:CPU gathers along the major dimension and copies the result into
@@ -98,16 +90,8 @@ def memory_estimate(
     # reduced one from there (``memory_model.all_reduce_spans``).
     reductions, reduced = all_reduce_spans(graph, prop.collectives, prop.collective_nodes, local)
 
-    outputs = set(graph.outputs)
-
     def extra(v: int) -> int:  # copies in the other layouts its consumers needed
-        # An output's slices for its consumers are read from the output's buffer in place.
-        own = prop.computed.get(v) or prop.layouts[v] or L.replicated(len(graph.shapes[v]))
-        return sum(
-            L.local_bytes(graph.nbytes(v), lay, sizes)
-            for lay in prop.copies.get(v, ())
-            if v not in outputs or lay == own or not _slices(own, lay)
-        )
+        return sum(L.local_bytes(graph.nbytes(v), lay, sizes) for lay in prop.copies.get(v, ()))
 
     scratch = expansion_scratch(graph, local)
     expands = profile is not None and profile.expands_select_and_scatter
