@@ -81,7 +81,7 @@ def main() -> None:
         flag = ("C" if abs(c - 1) > COMM_WITHIN else " ") + (
             "M" if abs(m - 1) > MEMORY_WITHIN else " "
         )
-        print(f"{flag} {key:45s} comm {c:.2f} memory {m:.2f}")
+        print(f"{flag} {key:45s} comm {c:.3f} memory {m:.3f}")
     comm_ok = sum(abs(c - 1) <= COMM_WITHIN for _, c, _ in rows)
     mem_ok = sum(abs(m - 1) <= MEMORY_WITHIN for _, _, m in rows)
     print(

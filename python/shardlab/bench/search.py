@@ -347,13 +347,14 @@ def run() -> str:
         )
     ratios = sorted(r.predicted_memory / r.memory for r in rows if r.memory)
     close = sum(0.75 <= x <= 1.25 for x in ratios)
+    within = sum(0.9 <= x <= 1.1 for x in ratios)
     lines += [
         "",
         "### Memory model vs compiled memory",
         "",
         f"Predicted ÷ compiled per-device memory over the {len(ratios)} plans above: median "
         f"{float(np.median(ratios)):.2f}, range {ratios[0]:.2f}–{ratios[-1]:.2f}; within "
-        f"±25% for {close}/{len(ratios)}.",
+        f"±10% for {within}/{len(ratios)}, within ±25% for {close}/{len(ratios)}.",
         "",
         "### Target 3: memory budget below data parallel's per-device memory (8 devices)",
         "",
