@@ -292,7 +292,7 @@ def device_memory(
             v: (at, unreduced, 0 if v in hosted else result)
             for v, (at, unreduced, result) in reductions.items()
         }
-        brief = _recomputed(graph, lv, moved)
+        brief = _recomputed(graph, moved)
         peak, _ = _assigned(graph, lv, held, start, transient, slots, reductions, brief)
     else:
         peak, _ = _walk(graph, lv, held, start, transient, slots)
@@ -301,7 +301,7 @@ def device_memory(
     )
 
 
-def _recomputed(graph: OpGraph, lv: Liveness, moved: Collection[int]) -> frozenset[int]:
+def _recomputed(graph: OpGraph, moved: Collection[int]) -> frozenset[int]:
     """Of the outputs moved into their final layout, those a fusible op computes and only
     fusible ops read (an Adam moment computed split like its gradient, gathered into the
     replicated state, and read split by the parameter update)."""

@@ -418,7 +418,9 @@ class _Propagator:
         assert self.lv is not None
         nbytes = traffic(self.g, self.lv, self.args, node, in_bytes, out_bytes)
         self.seconds += self.profile.op_time(0.0, nbytes) * self.count
-        self.reshard(out, base)  # the result takes its operands' split again
+        # The result takes its operands' split again (the concatenation's own sharding).
+        for kind, nbytes, group, axes in L.reshard(target, base, self.g.nbytes(out), self.sizes):
+            self.emit(kind, nbytes, group, axes)
         self.lay[out] = base
         return True
 
