@@ -283,7 +283,11 @@ def device_memory(
     params = sum(local(v) for v in dict.fromkeys(graph.inputs) if v in used)
     out_bytes = sum(output_local(v) for v in dict.fromkeys(graph.outputs))
 
-    held = _holder(graph, lv, local, extra)
+    parts = _parts(graph, lv, local, extra)
+
+    def held(v: int) -> int:
+        return sum(parts(v))
+
     slots = {v: output_local(v) for v in dict.fromkeys(graph.outputs) if graph.producer(v) >= 0}
     start = [v for v in inputs if v in used]
     if reductions:
@@ -293,7 +297,9 @@ def device_memory(
             for v, (at, unreduced, result) in reductions.items()
         }
         brief = _recomputed(graph, moved)
-        peak, _ = _assigned(graph, lv, held, start, transient, slots, reductions, brief)
+        peak, _ = _assigned(
+            graph, lv, held, start, transient, slots, reductions, brief, own=lambda v: parts(v)[0]
+        )
     else:
         peak, _ = _walk(graph, lv, held, start, transient, slots)
     return DeviceMemoryEstimate(
@@ -393,6 +399,16 @@ def _holder(
 ) -> Callable[[int], int]:
     """Bytes a variable's buffers take in ``temp``: argument and output buffers are counted
     apart, so only their copies in other layouts; fused values only when copied."""
+    parts = _parts(graph, lv, local, extra)
+    return lambda v: sum(parts(v))
+
+
+def _parts(
+    graph: OpGraph, lv: Liveness, local: Callable[[int], int], extra: Callable[[int], int]
+) -> Callable[[int], tuple[int, int]]:
+    """Per variable, ``(its own buffer, its copies)`` in ``temp`` (``_holder``'s sum): each
+    is a buffer of its own in XLA's assignment, placed apart (a weight gradient fits the
+    output buffer its update writes later; its ZeRO slice does not have to)."""
     keep = set(graph.inputs) | set(graph.outputs) | in_output_buffers(graph, lv, local, extra)
 
     def library(r: int) -> bool:  # a reduction XLA:CPU emits as a library fusion
@@ -400,20 +416,20 @@ def _holder(
         elements = math.prod(graph.shapes[r])
         return whole > 0 and local(r) * elements // whole >= LIBRARY_REDUCTION
 
-    def held(v: int) -> int:
+    def parts(v: int) -> tuple[int, int]:
         copies = extra(v)
         if copies and v not in lv.materialized and _regenerated(graph, v):
             copies = 0  # a broadcast or iota is generated in whatever layout a consumer needs
         wide = [local(w) for w, r in lv.expanded.get(v, ()) if r < 0 or library(r)]
         if wide:  # a copy of it in full: a broadcast a reduction reads, a transpose
             if v not in lv.materialized and v not in keep:
-                return copies + max(wide)  # the fused value itself, written out
+                return max(wide), copies  # the fused value itself, written out
             copies += max(wide)
         if v in keep:
-            return copies
-        return local(v) + copies if v in lv.materialized or copies else 0
+            return 0, copies
+        return (local(v), copies) if v in lv.materialized or copies else (0, 0)
 
-    return held
+    return parts
 
 
 # Operations whose result has its operands' elements (maybe in another order): fused into an
@@ -535,6 +551,7 @@ def _assigned(
     slots: dict[int, int],
     reductions: Reductions | None = None,
     brief: Collection[int] = (),
+    own: Callable[[int], int] | None = None,
 ) -> tuple[int, frozenset[int]]:
     """Peak temp bytes when temporaries are first placed in output buffers, as XLA's buffer
     assignment does before the heap: largest first, each into the smallest output buffer
@@ -578,6 +595,10 @@ def _assigned(
                     until = p if last is None or v in brief else max(p, last)
                 else:
                     until = end if last is None else max(p, last - (v in handed))
+                mine = own(v) if own is not None else size
+                if 0 < mine < size:  # its copies are buffers of their own
+                    spans.append((size - mine, p, until, v))
+                    size = mine
                 spans.append((size, p, until, v))
         extra = transient(i)
         for piece in (extra,) if isinstance(extra, int) else extra:
