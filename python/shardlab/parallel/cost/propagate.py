@@ -317,9 +317,13 @@ class _Propagator:
                 self.partial[v] = part
         used = math.prod(self.sizes[a] for axes in factor_axes.values() for a in axes)
         self.flops += rule.flops / used * self.count
+        self.timed(node, rule.flops / used, in_bytes, out_bytes)
+
+    def timed(self, node: Node, flops: float, in_bytes: list[int], out_bytes: list[int]) -> None:
+        """Add the node's roofline seconds (per-device flops, bytes it moves through memory)."""
         assert self.lv is not None
         nbytes = traffic(self.g, self.lv, self.args, node, in_bytes, out_bytes)
-        self.seconds += self.profile.op_time(rule.flops / used, nbytes) * self.count
+        self.seconds += self.profile.op_time(flops, nbytes) * self.count
 
     def _pieces(self, node: Node) -> tuple[int, list[tuple[int, int, int]]] | None:
         """A split's or unit-stride slice's sliced dimension and its pieces ``(result,
@@ -377,9 +381,7 @@ class _Propagator:
         for out, _, _ in pieces:
             self.lay[out] = dims
             out_bytes.append(L.local_bytes(self.g.nbytes(out), dims, self.sizes))
-        assert self.lv is not None
-        nbytes = traffic(self.g, self.lv, self.args, node, [local], out_bytes)
-        self.seconds += self.profile.op_time(0.0, nbytes) * self.count
+        self.timed(node, 0.0, [local], out_bytes)
         return True
 
     def concatenated(self, node: Node) -> bool:
@@ -415,9 +417,7 @@ class _Propagator:
         self.lay[out] = target
         in_bytes = [L.local_bytes(self.g.nbytes(v), target, self.sizes) for v in node.inputs]
         out_bytes = [L.local_bytes(self.g.nbytes(out), target, self.sizes)]
-        assert self.lv is not None
-        nbytes = traffic(self.g, self.lv, self.args, node, in_bytes, out_bytes)
-        self.seconds += self.profile.op_time(0.0, nbytes) * self.count
+        self.timed(node, 0.0, in_bytes, out_bytes)
         # The result takes its operands' split again (the concatenation's own sharding).
         for kind, nbytes, group, axes in L.reshard(target, base, self.g.nbytes(out), self.sizes):
             self.emit(kind, nbytes, group, axes)
