@@ -7,8 +7,12 @@ plans with the current model and prints the ratios, flagging those outside 5% (`
 10% (``M``). The full corpus section (auto's plans too, equality) is
 ``python -m shardlab.bench --only corpus``.
 
-Run: ``.venv/bin/python tools/corpus_fidelity.py [--cache FILE] [model ...]``
-(first run about 7 minutes here, later ones about 35 s).
+``--suite search`` does the same for the strategy-search benchmark's cases
+(``shardlab.examples.cases()``, the 252 plans of ``python -m shardlab.bench --only search``);
+with ``--methods`` the search methods' plans are included, cached by their layouts.
+
+Run: ``.venv/bin/python tools/corpus_fidelity.py [--suite corpus|search] [--cache FILE]
+[model ...]`` (first run about 7 minutes here, later ones about 35 s).
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ import time
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", help="corpus model names (default: all)")
-    parser.add_argument("--cache", default=".corpus_fidelity.json", help="compiled figures")
+    parser.add_argument("--suite", choices=("corpus", "search"), default="corpus")
+    parser.add_argument("--methods", action="store_true", help="search methods' plans too")
+    parser.add_argument("--cache", default="", help="compiled figures (default per suite)")
     parser.add_argument(
         "--detail",
         action="store_true",
@@ -32,27 +38,40 @@ def main() -> None:
     )
     parser.add_argument("--match", default="", help="only plans whose key contains this")
     ns = parser.parse_args()
+    ns.cache = ns.cache or f".{ns.suite}_fidelity.json"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
 
     jax.config.update("jax_num_cpu_devices", 8)
+    from shardlab import examples
     from shardlab.bench.corpus.models import MODELS
     from shardlab.bench.corpus.section import COMM_WITHIN, MEMORY_WITHIN, MESHES, PROFILE, ratio
     from shardlab.parallel.cost.profiles import comm_time
     from shardlab.parallel.mesh import mesh as make_mesh
     from shardlab.parallel.search.baselines import baselines
+    from shardlab.parallel.search.driver import search
+
+    if ns.suite == "corpus":
+        cases = [make() for make in MODELS if not ns.models or make.__name__ in ns.models]
+    else:
+        cases = [c for c in examples.cases() if not ns.models or c.name in ns.models]
 
     cache = json.load(open(ns.cache)) if os.path.exists(ns.cache) else {}
     rows = []
-    for make in MODELS:
-        if ns.models and make.__name__ not in ns.models:
-            continue
-        case = make()
+    for case in cases:
         for shape in MESHES:
             mesh = make_mesh(shape=shape, names=("data", "model")[: len(shape)])
             text = "x".join(map(str, shape))
-            for name, plan in baselines(case.fn, *case.args, mesh=mesh, device=PROFILE).items():
+            plans = baselines(case.fn, *case.args, mesh=mesh, device=PROFILE)
+            if ns.methods:
+                for method in ("propagate", "recursive", "ilp", "auto"):
+                    plans[method] = search(
+                        case.fn, *case.args, mesh=mesh, method=method, device=PROFILE
+                    )
+            for name, plan in plans.items():
                 key = f"{case.name}|{text}|{name}"
+                if name in ("propagate", "recursive", "ilp", "auto"):
+                    key += "|" + _layouts(plan)
                 if ns.match not in key:
                     continue
                 if key not in cache:
@@ -81,12 +100,23 @@ def main() -> None:
         flag = ("C" if abs(c - 1) > COMM_WITHIN else " ") + (
             "M" if abs(m - 1) > MEMORY_WITHIN else " "
         )
-        print(f"{flag} {key:45s} comm {c:.3f} memory {m:.3f}")
+        print(f"{flag} {key:55s} comm {c:.3f} memory {m:.3f}")
     comm_ok = sum(abs(c - 1) <= COMM_WITHIN for _, c, _ in rows)
     mem_ok = sum(abs(m - 1) <= MEMORY_WITHIN for _, _, m in rows)
     print(
         f"communication within 5%: {comm_ok}/{len(rows)}; memory within 10%: {mem_ok}/{len(rows)}"
     )
+
+
+def _layouts(plan) -> str:
+    """A short digest of everything a plan constrains (its compiled figures depend on nothing
+    else)."""
+    import hashlib
+
+    text = repr(
+        (plan.input_specs, plan.output_specs, plan.constraints, plan.operand_constraints)
+    )
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
 def _detail(key, plan) -> None:

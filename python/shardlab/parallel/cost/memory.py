@@ -290,6 +290,7 @@ def device_memory(
 
     slots = {v: output_local(v) for v in dict.fromkeys(graph.outputs) if graph.producer(v) >= 0}
     start = [v for v in inputs if v in used]
+    into = written_over(graph, lv, lambda v: parts(v)[0], set(reductions or ()))
     if reductions:
         hosted = in_output_buffers(graph, lv, local, extra) | set(graph.outputs)
         reductions = {
@@ -298,10 +299,19 @@ def device_memory(
         }
         brief = _recomputed(graph, moved)
         peak, _ = _assigned(
-            graph, lv, held, start, transient, slots, reductions, brief, own=lambda v: parts(v)[0]
+            graph,
+            lv,
+            held,
+            start,
+            transient,
+            slots,
+            reductions,
+            brief,
+            own=lambda v: parts(v)[0],
+            into=into,
         )
     else:
-        peak, _ = _walk(graph, lv, held, start, transient, slots)
+        peak, _ = _assigned(graph, lv, held, start, transient, slots, into=into)
     return DeviceMemoryEstimate(
         parameters=params, outputs=out_bytes, activations=peak, peak=params + out_bytes + peak
     )
@@ -493,7 +503,60 @@ def in_output_buffers(
     return out
 
 
-def _elementwise_reads(graph: OpGraph, lv: Liveness, inputs: Sequence[int]) -> list[int]:
+def written_over(
+    graph: OpGraph, lv: Liveness, own: Callable[[int], int], skip: Collection[int] = ()
+) -> dict[int, int]:
+    """Intermediates computed over the buffer of an operand read there for the last time.
+
+    XLA's heap lets an elementwise fusion write its result over an operand buffer of the same
+    shape that dies there (``HloDataflowAnalysis::CanShareOperandBufferWithUser``): a dot's
+    output, passed through a ReLU into the next dot, is one buffer, not two. Returns, per
+    such result, the operand whose buffer it takes (follow the chain for the allocation).
+    ``own``: per variable, the bytes of its own buffer in ``temp`` (0: none there — an
+    argument, an output, a value placed in an output's buffer); ``skip``: variables that
+    keep their own buffers (all-reduced partial sums).
+    """
+    inputs = set(graph.inputs)
+    outputs = set(graph.outputs)
+    readers: dict[int, set[int]] = {}
+    for i in lv.order:
+        for u in _elementwise_reads(graph, lv, graph.nodes[i].inputs, through=FUSIBLE):
+            readers.setdefault(u, set()).add(i)
+    taken: set[int] = set()
+    out: dict[int, int] = {}
+    for i in lv.order:
+        node = graph.nodes[i]
+        if len(node.outputs) != 1:
+            continue
+        w = node.outputs[0]
+        if w not in lv.materialized or w in outputs or w in skip or not own(w):
+            continue
+        if node.primitive in IN_PLACE_OPERAND:
+            operands = [node.inputs[IN_PLACE_OPERAND[node.primitive]]]
+        elif node.primitive in ELEMENTWISE or node.primitive in FREE:
+            operands = _elementwise_reads(graph, lv, node.inputs)
+        else:
+            continue
+        for u in operands:
+            if (
+                u not in inputs
+                and u not in outputs
+                and u not in taken
+                and u not in skip
+                and u in lv.materialized
+                and readers.get(u) == {i}
+                and own(u) == own(w)
+                and graph.shapes[u] == graph.shapes[w]
+            ):
+                taken.add(u)
+                out[w] = u
+                break
+    return out
+
+
+def _elementwise_reads(
+    graph: OpGraph, lv: Liveness, inputs: Sequence[int], through: Collection[str] = SAME_ELEMENTS
+) -> list[int]:
     """The buffers an elementwise operation reads element by element: its materialised
     operands, and those of the elementwise values fused into it (a fusion may write its
     result over any of them, ``HloDataflowAnalysis::CanShareBuffer``)."""
@@ -509,7 +572,7 @@ def _elementwise_reads(graph: OpGraph, lv: Liveness, inputs: Sequence[int]) -> l
             out.append(u)
             continue
         node = graph.nodes[graph.producer(u)]
-        if node.primitive in SAME_ELEMENTS and len(node.outputs) == 1:
+        if node.primitive in through and len(node.outputs) == 1:
             stack.extend(reversed(node.inputs))
     return out
 
@@ -552,18 +615,22 @@ def _assigned(
     reductions: Reductions | None = None,
     brief: Collection[int] = (),
     own: Callable[[int], int] | None = None,
+    into: dict[int, int] | None = None,
 ) -> tuple[int, frozenset[int]]:
     """Peak temp bytes when temporaries are first placed in output buffers, as XLA's buffer
     assignment does before the heap: largest first, each into the smallest output buffer
     that holds it, is written only after the temporary is dead, and holds no other
     temporary at the same time (one at a time, at offset 0). What is left is the heap,
-    whose peak over the program points is ``temp``."""
+    whose peak over the program points is ``temp``. ``into``: results written over an
+    operand's buffer (``written_over``), one span with it."""
     point = {i: p for p, i in enumerate(lv.order, start=1)}
     end = len(lv.order)
     outputs = set(graph.outputs)
     # A stacked buffer handed to the next iteration's update ends one point early.
     handed = handed_over(graph, lv, size_of)
     spans: list[tuple[int, int, int, int]] = []  # (bytes, first, last, var; -1: transient)
+    mains: dict[int, int] = {}  # var → index of its own buffer's span
+    late: set[int] = set()  # spans read until just after their last point
     for v in start:
         if size_of(v):
             last = point.get(lv.last_use.get(v, -1))
@@ -580,6 +647,7 @@ def _assigned(
                 stays = v in outputs or last is None
                 if v in outputs:
                     size = result = 0  # reduced into the output's own buffer
+                late.add(len(spans))  # read by the all-reduce, which runs after ``at``
                 spans.append((unreduced, p, point[at], v))
                 size = max(size, result)
                 if size:
@@ -599,21 +667,37 @@ def _assigned(
                 if 0 < mine < size:  # its copies are buffers of their own
                     spans.append((size - mine, p, until, v))
                     size = mine
+                host = into.get(v) if into else None
+                while host is not None and host not in mains:
+                    host = into.get(host)
+                if host is not None:  # the same buffer as the operand it writes over
+                    k = mains.pop(host)
+                    a, first, last, b = spans[k]
+                    spans[k] = (a, first, max(last, until), b)
+                    mains[v] = k
+                    continue
+                mains[v] = len(spans)
                 spans.append((size, p, until, v))
         extra = transient(i)
         for piece in (extra,) if isinstance(extra, int) else extra:
             if piece:
                 spans.append((piece, p, p, -1))
-    bins = sorted(
-        (size, point[graph.producer(o)]) for o, size in slots.items() if graph.producer(o) in point
-    )
+    def written(o: int) -> float:  # an all-reduced output is written by its all-reduce
+        red = reductions.get(o)
+        if red is not None and red[0] in point:
+            return point[red[0]] + 0.5
+        return point[graph.producer(o)]
+
+    bins = sorted((size, written(o)) for o, size in slots.items() if graph.producer(o) in point)
     bin_sizes = [b[0] for b in bins]
     hosted: list[list[tuple[int, int]]] = [[] for _ in bins]
     heap: list[tuple[int, int, int, int]] = []
-    for span in sorted(spans, key=lambda s: (-s[0], s[1])):
+    for j in sorted(range(len(spans)), key=lambda j: (-spans[j][0], spans[j][1])):
+        span = spans[j]
         size, first, last, _ = span
+        read = last + 0.5 if j in late else last
         for k in range(bisect.bisect_left(bin_sizes, size), len(bins)):
-            if bins[k][1] > last and all(b < first or a > last for a, b in hosted[k]):
+            if bins[k][1] > read and all(b < first or a > last for a, b in hosted[k]):
                 hosted[k].append((first, last))
                 break
         else:
