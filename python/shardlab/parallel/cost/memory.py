@@ -80,6 +80,9 @@ class Liveness:
     materialized: frozenset[int]
     last_use: dict[int, int]
     expanded: dict[int, Wide] = dataclasses.field(default_factory=dict)
+    # Per select-and-scatter node: (node, source, operand, node after which XLA:CPU
+    # finds the windows' argmax in the operand).
+    selections: tuple[tuple[int, int, int, int], ...] = ()
 
 
 FUSED_DEPTH = 1
@@ -191,13 +194,17 @@ def liveness(
     live: Sequence[bool],
     materialize: Collection[int] = (),
     copies: bool = False,
+    selections: bool = False,
 ) -> Liveness:
     """Fusion and live ranges of ``graph`` (only ``live`` nodes run); ``materialize``:
     variables that get a buffer whatever their consumers (all-reduced partial sums: the
     all-reduce reads a buffer); ``copies``: also the buffers XLA:CPU writes out that the
     program does not name (broadcasts a library reduction cannot fuse, convolution
-    operands transposed to its one layout). The plan's memory estimate uses them; the
-    search's own memory rows do not yet (their budgets were tuned without them)."""
+    operands transposed to its one layout, the window indices of a max pool's gradient).
+    The plan's memory estimate uses them; the search's own memory rows do not yet (their
+    budgets were tuned without them); ``selections``: the backend expands max pooling's
+    gradient (``select_and_scatter_add``) into a reduce-window and a scatter
+    (``Liveness.selections``)."""
     order = tuple(n.index for n in graph.nodes if live[n.index])
     carried = scan_carries(graph)
     consumers: dict[int, list[int]] = {}
@@ -235,13 +242,39 @@ def liveness(
             sources[v] = got
         return got
 
+    selecting = {
+        i: graph.nodes[i].inputs[1]
+        for i in order
+        if selections and graph.nodes[i].primitive == "select_and_scatter_add"
+    }
     last_use: dict[int, int] = {}
     for i in order:
         for v in graph.nodes[i].inputs:
+            if selecting.get(i) == v:
+                continue  # read where it is computed (``selections``)
             for s in source_of(v) | {v}:  # program order: the latest read wins
                 last_use[s] = i
+    selections = []
+    position = {i: k for k, i in enumerate(order)}
+    for i, operand in selecting.items():
+        # XLA:CPU expands select-and-scatter (SelectAndScatterExpander): a variadic
+        # reduce-window over the operand and one iota per dimension finds each window's
+        # argmax as soon as the operand exists, and its indices (s32, one per dimension
+        # and window) wait for the scatter; the operand is not kept for it.
+        sources = [s for s in source_of(operand) if graph.producer(s) in position]
+        at = max(
+            (last_use.get(s, graph.producer(s)) for s in sources),
+            key=lambda k: position.get(k, -1),
+            default=i,
+        )
+        if position.get(at, -1) > position[i]:
+            at = i
+        for s in sources:
+            if position.get(last_use.get(s, -1), -1) < position[at]:
+                last_use[s] = at
+        selections.append((i, graph.nodes[i].inputs[0], operand, at))
     materialized = frozenset(v for i in order for v in graph.nodes[i].outputs if v not in fused)
-    return Liveness(order, materialized, last_use, expanded)
+    return Liveness(order, materialized, last_use, expanded, tuple(selections))
 
 
 def device_memory(
@@ -254,6 +287,7 @@ def device_memory(
     transient: Transient = lambda i: 0,
     reductions: Reductions | None = None,
     moved: Collection[int] = (),
+    selections: bool = False,
 ) -> DeviceMemoryEstimate:
     """Per-device ``arguments + outputs + temp`` of a strategy.
 
@@ -275,8 +309,12 @@ def device_memory(
         moved: outputs computed in one layout and moved (resharded) into their final one.
             Computed by fusible ops that only fusible ops read, their computed buffer is
             the move's operand alone: each consumer recomputes the value fused.
+        selections: the backend expands max pooling's gradient (XLA:CPU): its operand is
+            read where it is computed, its windows' indices wait for the scatter.
     """
-    lv = lv or liveness(graph, live, materialize=reductions or (), copies=True)
+    lv = lv or liveness(
+        graph, live, materialize=reductions or (), copies=True, selections=selections
+    )
     output_local = output_local or local
     used = {v for i in lv.order for v in graph.nodes[i].inputs} | set(graph.outputs)
     inputs = set(graph.inputs)
@@ -291,6 +329,7 @@ def device_memory(
     slots = {v: output_local(v) for v in dict.fromkeys(graph.outputs) if graph.producer(v) >= 0}
     start = [v for v in inputs if v in used]
     into = written_over(graph, lv, lambda v: parts(v)[0], set(reductions or ()))
+    scratch = _selection_scratch(graph, lv, local)
     if reductions:
         hosted = in_output_buffers(graph, lv, local, extra) | set(graph.outputs)
         reductions = {
@@ -309,12 +348,41 @@ def device_memory(
             brief,
             own=lambda v: parts(v)[0],
             into=into,
+            scratch=scratch,
         )
     else:
-        peak, _ = _assigned(graph, lv, held, start, transient, slots, into=into)
+        peak, _ = _assigned(
+            graph, lv, held, start, transient, slots, into=into, scratch=scratch
+        )
     return DeviceMemoryEstimate(
         parameters=params, outputs=out_bytes, activations=peak, peak=params + out_bytes + peak
     )
+
+
+def _selection_scratch(
+    graph: OpGraph, lv: Liveness, local: Callable[[int], int]
+) -> list[tuple[int, int, int]]:
+    """Buffers of XLA:CPU's expanded select-and-scatter (a max pool's gradient), as
+    ``(bytes, first node, last node)``: where the operand is read, one s32 iota per
+    dimension of it and the windows' maxima; from there to the scatter, the windows'
+    argmax indices (s32, one per dimension) and the zeros the scatter then writes over
+    (scheduled with the iotas)."""
+    out = []
+    position = {i: k for k, i in enumerate(lv.order)}
+    for i, source, operand, at in lv.selections:
+
+        def elements(v: int) -> int:
+            whole = graph.nbytes(v)
+            return local(v) * math.prod(graph.shapes[v]) // whole if whole else 0
+
+        rank = len(graph.shapes[operand])
+        windows = elements(source)
+        maxima = windows * (graph.nbytes(operand) // max(1, math.prod(graph.shapes[operand])))
+        out.append((4 * rank * elements(operand) + maxima, at, at))
+        out.append((4 * rank * windows, at, i))
+        before = lv.order[max(position[at], position[i] - 1)]
+        out.append((local(graph.nodes[i].outputs[0]), at, before))
+    return out
 
 
 def _recomputed(graph: OpGraph, moved: Collection[int]) -> frozenset[int]:
@@ -616,13 +684,15 @@ def _assigned(
     brief: Collection[int] = (),
     own: Callable[[int], int] | None = None,
     into: dict[int, int] | None = None,
+    scratch: Sequence[tuple[int, int, int]] = (),
 ) -> tuple[int, frozenset[int]]:
     """Peak temp bytes when temporaries are first placed in output buffers, as XLA's buffer
     assignment does before the heap: largest first, each into the smallest output buffer
     that holds it, is written only after the temporary is dead, and holds no other
     temporary at the same time (one at a time, at offset 0). What is left is the heap,
     whose peak over the program points is ``temp``. ``into``: results written over an
-    operand's buffer (``written_over``), one span with it."""
+    operand's buffer (``written_over``), one span with it; ``scratch``: buffers the
+    program does not name, ``(bytes, first node, last node)``."""
     point = {i: p for p, i in enumerate(lv.order, start=1)}
     end = len(lv.order)
     outputs = set(graph.outputs)
@@ -682,6 +752,10 @@ def _assigned(
         for piece in (extra,) if isinstance(extra, int) else extra:
             if piece:
                 spans.append((piece, p, p, -1))
+    for size, first, last in scratch:
+        if size and first in point and last in point:
+            spans.append((size, point[first], point[last], -1))
+
     def written(o: int) -> float:  # an all-reduced output is written by its all-reduce
         red = reductions.get(o)
         if red is not None and red[0] in point:

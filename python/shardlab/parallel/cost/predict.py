@@ -16,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from shardlab.parallel.arguments import eval_shape
 from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.cost.combine import combine_all_reduces
-from shardlab.parallel.cost.memory import all_reduce_spans, device_memory, expansion_scratch
+from shardlab.parallel.cost.memory import all_reduce_spans, device_memory
 from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile
 from shardlab.parallel.cost.propagate import Propagation, propagate
 from shardlab.parallel.graph.opgraph import Node, OpGraph
@@ -93,7 +93,6 @@ def memory_estimate(
     def extra(v: int) -> int:  # copies in the other layouts its consumers needed
         return sum(L.local_bytes(graph.nbytes(v), lay, sizes) for lay in prop.copies.get(v, ()))
 
-    scratch = expansion_scratch(graph, local)
     expands = profile is not None and profile.expands_select_and_scatter
 
     # Outputs gathered along an inner dimension wait, gathered in the major dimension's
@@ -112,7 +111,7 @@ def memory_estimate(
     at_end = sum(waiting[::2])
 
     def transient(i: int) -> tuple[int, ...]:
-        return (*reduced.get(i, ()), scratch(i) if expands else 0, at_end if i == last else 0)
+        return (*reduced.get(i, ()), at_end if i == last else 0)
 
     return device_memory(
         graph,
@@ -122,6 +121,7 @@ def memory_estimate(
         transient=transient,
         reductions=reductions,
         moved=frozenset(prop.computed),
+        selections=expands,
     )
 
 
