@@ -498,7 +498,13 @@ def _parts(
         copies = extra(v)
         if copies and v not in lv.materialized and _regenerated(graph, v):
             copies = 0  # a broadcast or iota is generated in whatever layout a consumer needs
-        wide = [local(w) for w, r in lv.expanded.get(v, ()) if r < 0 or library(r)]
+        wide = [
+            local(w)
+            for w, r in lv.expanded.get(v, ())
+            if (r < 0 and not copies) or (r >= 0 and library(r))
+        ]
+        # (A convolution reading it in another layout transposes while it reshards: the
+        # copy in that layout is the transposed one.)
         if wide:  # a copy of it in full: a broadcast a reduction reads, a transpose
             if v not in lv.materialized and v not in keep:
                 return max(wide), copies  # the fused value itself, written out

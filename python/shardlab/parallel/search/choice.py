@@ -25,7 +25,9 @@ from shardlab.parallel.cost.memory import (
     held_at_peak,
     liveness,
 )
+from shardlab.parallel.cost.predict import memory_estimate
 from shardlab.parallel.cost.profiles import wire_bytes
+from shardlab.parallel.cost.propagate import Propagation
 from shardlab.parallel.graph.rules import RULES
 from shardlab.parallel.plan.binding import Binding
 from shardlab.parallel.plan.plan import Plan
@@ -136,6 +138,44 @@ def memory_of(space: Space, choice: list[int]) -> float:
     return float(plan_memory(space, choice).peak)
 
 
+def _priced_memory(
+    space: Space, choice: list[int], colls: list[Collective], emitters: list[int]
+) -> DeviceMemoryEstimate:
+    """The plan's memory as ``predict`` prices a propagated strategy (``memory_estimate``:
+    all-reduce spans, buffers XLA writes that the program does not name, outputs moved into
+    their layouts), on the choice's layouts and collectives. The search's own rows
+    (``plan_memory``) stay the coarser model its budgets use."""
+    g, sizes = space.graph, space.sizes
+    lays = var_layouts(space, choice)
+    copies: dict[int, set[L.DimAxes]] = {}
+    for e in space.edges:
+        src = space.units[e.src].cands[choice[e.src]].outs[e.src_out]
+        dst_c = space.units[e.dst].cands[choice[e.dst]]
+        dst = dst_c.ins[e.dst_slot] if e.dst_slot >= 0 else dst_c.outs[0]
+        if dst != src:
+            copies.setdefault(e.var, set()).add(dst)
+    layouts: list[L.DimAxes | None] = [lays.get(v) for v in range(len(g.shapes))]
+    computed: dict[int, L.DimAxes] = {}
+    for pos, v in enumerate(g.outputs):
+        final = lays.get(g.inputs[space.ties[pos]]) if pos in space.ties else None
+        now = lays.get(v) or L.replicated(len(g.shapes[v]))
+        if final is not None and final != now:
+            computed[v] = now
+            copies.setdefault(v, set()).add(now)
+            layouts[v] = final
+    prop = Propagation(
+        layouts,
+        colls,
+        0.0,
+        [],
+        list(space.live),
+        collective_nodes=emitters,
+        copies=copies,
+        computed=computed,
+    )
+    return memory_estimate(g, prop, sizes, space.profile)
+
+
 def cost_of(space: Space, choice: list[int]) -> CostBreakdown:
     """The cost model's ``CostBreakdown`` of a choice."""
     g, sizes, profile = space.graph, space.sizes, space.profile
@@ -182,6 +222,7 @@ def cost_of(space: Space, choice: list[int]) -> CostBreakdown:
         node = dst_u.nodes[0] if dst_u.nodes else -1
         for kind, nbytes, group, axes in L.reshard(src_lay, dst_lay, g.nbytes(e.var), sizes):
             add(kind, nbytes, group, axes, node)
+    memory = _priced_memory(space, choice, colls, emitters)
     colls = combine_all_reduces(g, colls, emitters)  # as XLA's all-reduce combiner does
     unknown = {
         g.nodes[u.nodes[0]].primitive
@@ -200,7 +241,7 @@ def cost_of(space: Space, choice: list[int]) -> CostBreakdown:
         profile,
         flops=flops,
         compute_time=compute,
-        memory=plan_memory(space, choice),
+        memory=memory,
         warnings=warnings,
     )
 
