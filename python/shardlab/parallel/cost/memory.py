@@ -519,6 +519,25 @@ def _parts(
 # Operations whose result has its operands' elements (maybe in another order): fused into an
 # elementwise consumer, they let it write over the buffer they read.
 SAME_ELEMENTS = ELEMENTWISE | FREE | frozenset("reshape squeeze expand_dims transpose".split())
+
+
+def _in_order(graph: OpGraph, v: int) -> bool:
+    """Whether ``v``'s buffer holds its elements in its own order: a partial sum reduced
+    before a transpose it passed through (``propagate.PASS_PARTIAL``) is all-reduced
+    untransposed, and its readers fuse the transpose."""
+    i = graph.producer(v)
+    return i < 0 or _bitcast(graph, graph.nodes[i])
+
+
+def _bitcast(graph: OpGraph, node: Node) -> bool:
+    """A transpose that moves only size-1 dimensions keeps the elements' order (XLA makes it a
+    bitcast); any other reorders them, so a fusion reading through it cannot write over its
+    operand (a weight gradient transposed into the momentum update keeps its own buffer)."""
+    if node.primitive != "transpose":
+        return True
+    shape = graph.shapes[node.inputs[0]]
+    kept = [d for d in node.params.get("permutation", ()) if shape[d] != 1]
+    return kept == sorted(kept)
 REGENERATED = frozenset(("broadcast_in_dim", "iota"))
 
 
@@ -567,6 +586,7 @@ def in_output_buffers(
                     and lv.last_use.get(u) == i
                     and local(u) == local(v)
                     and not extra(u)
+                    and _in_order(graph, u)
                 ),
                 None,
             )
@@ -620,6 +640,7 @@ def written_over(
                 and u in lv.materialized
                 and readers.get(u) == {i}
                 and own(u) == own(w)
+                and _in_order(graph, u)
                 and graph.shapes[u] == graph.shapes[w]
             ):
                 taken.add(u)
@@ -646,7 +667,7 @@ def _elementwise_reads(
             out.append(u)
             continue
         node = graph.nodes[graph.producer(u)]
-        if node.primitive in through and len(node.outputs) == 1:
+        if node.primitive in through and len(node.outputs) == 1 and _bitcast(graph, node):
             stack.extend(reversed(node.inputs))
     return out
 
