@@ -231,10 +231,11 @@ class _Propagator:
         if src == target or (shared and (var, target) in self.cache):
             return
         self.cache[(var, target)] = None
-        if (operand := self._broadcast_operand(var)) is not None:
-            # A broadcast is computed in whatever layout its consumer needs: the partitioner
-            # reshards its (smaller) operand, as Shardy gives a conflicting axis to the
-            # larger tensor (a BatchNorm backward's per-channel sums, not the activations).
+        if any(target) and (operand := self._broadcast_operand(var)) is not None:
+            # A broadcast is computed in whatever split layout its consumer needs: the
+            # partitioner reshards its (smaller) operand, as Shardy gives a conflicting axis
+            # to the larger tensor (a BatchNorm backward's per-channel sums, not the
+            # activations). One an op needs whole (a masked scatter's updates) is gathered.
             node = self.g.nodes[self.g.producer(var)]
             shape, out = self.g.shapes[operand], self.g.shapes[var]
             need = tuple(
@@ -550,6 +551,11 @@ PULLED = ELEMENTWISE | frozenset(
     "broadcast_in_dim reshape squeeze expand_dims transpose convert_element_type iota "
     "reduce_sum reduce_max reduce_min select_n scan_stack".split()
 )
+# Pulled only when their own result is resharded: a scatter-add (an embedding's gradient)
+# sliced straight into its ZeRO update is scattered masked into the slice, the updates
+# gathered; one summed with another partial sum first (a tied embedding's two gradients)
+# is all-reduced whole with it.
+PULLED_DIRECTLY = frozenset(("scatter-add", "scatter_add"))
 
 
 def _pull_back(
@@ -596,7 +602,8 @@ def _pull_back(
             continue
         out[v] = lay
         node = graph.nodes[graph.producer(v)]
-        if node.primitive not in PULLED or len(node.outputs) != 1:
+        direct = node.primitive in PULLED_DIRECTLY and want.get(v) == lay
+        if (node.primitive not in PULLED and not direct) or len(node.outputs) != 1:
             continue
         rule = rule_for(node, graph)
         if not rule.known:

@@ -1,6 +1,7 @@
 """Indexing: slices, dynamic (update) slices, gather and scatter. Dimensions taken whole
-pass through; indexed dimensions stay whole (no masked lookups); scatter-add over a sharded
-index dimension leaves partial sums.
+pass through; a gather's indexed dimensions stay whole (no masked lookups); scatter-add over a
+sharded index dimension leaves partial sums, and into a split row-indexed dimension is masked
+(every device scatters the updates that fall in its rows).
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def _gather(node: Node, g: OpGraph) -> OpRule:
 
 def _scatter_add(node: Node, g: OpGraph) -> OpRule:
     """scatter-add: update windows that cover whole operand dims pass through; sharding the
-    scattered (index batch) dims leaves partial sums of the result."""
+    scattered (index batch) dims leaves partial sums of the result; a dimension indexed one
+    row at a time may be split (masked: indices and updates whole there)."""
     dn = node.params["dimension_numbers"]
     operand, indices = shape_of(g, node.inputs[0]), shape_of(g, node.inputs[1])
     updates = shape_of(g, node.inputs[2])
@@ -110,6 +112,12 @@ def _scatter_add(node: Node, g: OpGraph) -> OpRule:
     for i, pos in zip(window, dn.update_window_dims, strict=True):
         if updates[pos] == operand[i] and i not in dn.scatter_dims_to_operand_dims:
             op_dims[i] = upd_dims[pos] = f.new(operand[i])
+    for i in dn.scatter_dims_to_operand_dims:
+        # A row-indexed dimension may be split: each device scatters every update whose
+        # index falls in its rows (the partitioner's masked scatter: indices shifted by
+        # the shard's offset, the others dropped), so indices and updates are whole there.
+        if i in dn.inserted_window_dims and not op_dims[i]:
+            op_dims[i] = f.new(operand[i])
     return OpRule(
         (tuple(op_dims), tuple(idx_dims), tuple(upd_dims)),
         (tuple(op_dims),),
