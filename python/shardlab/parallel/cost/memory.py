@@ -254,27 +254,27 @@ def liveness(
                 continue  # read where it is computed (``selections``)
             for s in source_of(v) | {v}:  # program order: the latest read wins
                 last_use[s] = i
-    selections = []
+    found: list[tuple[int, int, int, int]] = []
     position = {i: k for k, i in enumerate(order)}
     for i, operand in selecting.items():
         # XLA:CPU expands select-and-scatter (SelectAndScatterExpander): a variadic
         # reduce-window over the operand and one iota per dimension finds each window's
         # argmax as soon as the operand exists, and its indices (s32, one per dimension
         # and window) wait for the scatter; the operand is not kept for it.
-        sources = [s for s in source_of(operand) if graph.producer(s) in position]
+        roots = [s for s in source_of(operand) if graph.producer(s) in position]
         at = max(
-            (last_use.get(s, graph.producer(s)) for s in sources),
+            (last_use.get(s, graph.producer(s)) for s in roots),
             key=lambda k: position.get(k, -1),
             default=i,
         )
         if position.get(at, -1) > position[i]:
             at = i
-        for s in sources:
+        for s in roots:
             if position.get(last_use.get(s, -1), -1) < position[at]:
                 last_use[s] = at
-        selections.append((i, graph.nodes[i].inputs[0], operand, at))
+        found.append((i, graph.nodes[i].inputs[0], operand, at))
     materialized = frozenset(v for i in order for v in graph.nodes[i].outputs if v not in fused)
-    return Liveness(order, materialized, last_use, expanded, tuple(selections))
+    return Liveness(order, materialized, last_use, expanded, tuple(found))
 
 
 def device_memory(
@@ -351,9 +351,7 @@ def device_memory(
             scratch=scratch,
         )
     else:
-        peak, _ = _assigned(
-            graph, lv, held, start, transient, slots, into=into, scratch=scratch
-        )
+        peak, _ = _assigned(graph, lv, held, start, transient, slots, into=into, scratch=scratch)
     return DeviceMemoryEstimate(
         parameters=params, outputs=out_bytes, activations=peak, peak=params + out_bytes + peak
     )
@@ -538,6 +536,8 @@ def _bitcast(graph: OpGraph, node: Node) -> bool:
     shape = graph.shapes[node.inputs[0]]
     kept = [d for d in node.params.get("permutation", ()) if shape[d] != 1]
     return kept == sorted(kept)
+
+
 REGENERATED = frozenset(("broadcast_in_dim", "iota"))
 
 
@@ -765,7 +765,7 @@ def _assigned(
                     spans.append((size - mine, p, until, v))
                     size = mine
                 host = into.get(v) if into else None
-                while host is not None and host not in mains:
+                while into and host is not None and host not in mains:
                     host = into.get(host)
                 if host is not None:  # the same buffer as the operand it writes over
                     k = mains.pop(host)
