@@ -321,17 +321,18 @@ def device_memory(
     params = sum(local(v) for v in dict.fromkeys(graph.inputs) if v in used)
     out_bytes = sum(output_local(v) for v in dict.fromkeys(graph.outputs))
 
-    parts = _parts(graph, lv, local, extra)
+    reduced = frozenset(reductions or ())
+    parts = _parts(graph, lv, local, extra, reduced)
 
     def held(v: int) -> int:
         return sum(parts(v))
 
     slots = {v: output_local(v) for v in dict.fromkeys(graph.outputs) if graph.producer(v) >= 0}
     start = [v for v in inputs if v in used]
-    into = written_over(graph, lv, lambda v: parts(v)[0], set(reductions or ()))
+    into = written_over(graph, lv, lambda v: parts(v)[0], reduced)
     scratch = _selection_scratch(graph, lv, local)
     if reductions:
-        hosted = in_output_buffers(graph, lv, local, extra) | set(graph.outputs)
+        hosted = in_output_buffers(graph, lv, local, extra, reduced) | set(graph.outputs)
         reductions = {
             v: (at, unreduced, 0 if v in hosted else result)
             for v, (at, unreduced, result) in reductions.items()
@@ -480,12 +481,17 @@ def _holder(
 
 
 def _parts(
-    graph: OpGraph, lv: Liveness, local: Callable[[int], int], extra: Callable[[int], int]
+    graph: OpGraph,
+    lv: Liveness,
+    local: Callable[[int], int],
+    extra: Callable[[int], int],
+    reduced: Collection[int] = (),
 ) -> Callable[[int], tuple[int, int]]:
     """Per variable, ``(its own buffer, its copies)`` in ``temp`` (``_holder``'s sum): each
     is a buffer of its own in XLA's assignment, placed apart (a weight gradient fits the
     output buffer its update writes later; its ZeRO slice does not have to)."""
-    keep = set(graph.inputs) | set(graph.outputs) | in_output_buffers(graph, lv, local, extra)
+    keep = set(graph.inputs) | set(graph.outputs)
+    keep |= in_output_buffers(graph, lv, local, extra, reduced)
 
     def library(r: int) -> bool:  # a reduction XLA:CPU emits as a library fusion
         whole = graph.nbytes(r)
@@ -519,23 +525,25 @@ def _parts(
 SAME_ELEMENTS = ELEMENTWISE | FREE | frozenset("reshape squeeze expand_dims transpose".split())
 
 
-def _in_order(graph: OpGraph, v: int) -> bool:
-    """Whether ``v``'s buffer holds its elements in its own order: a partial sum reduced
-    before a transpose it passed through (``propagate.PASS_PARTIAL``) is all-reduced
-    untransposed, and its readers fuse the transpose."""
+def _in_order(graph: OpGraph, v: int, reduced: Collection[int]) -> bool:
+    """Whether ``v``'s buffer holds its elements in the order its reader expects: a partial
+    sum reduced before a transpose it passed through (``propagate.PASS_PARTIAL``) is
+    all-reduced untransposed, and its readers fuse the transpose."""
     i = graph.producer(v)
-    return i < 0 or _bitcast(graph, graph.nodes[i])
+    return i < 0 or not _reorders(graph, graph.nodes[i], reduced)
 
 
-def _bitcast(graph: OpGraph, node: Node) -> bool:
-    """A transpose that moves only size-1 dimensions keeps the elements' order (XLA makes it a
-    bitcast); any other reorders them, so a fusion reading through it cannot write over its
-    operand (a weight gradient transposed into the momentum update keeps its own buffer)."""
-    if node.primitive != "transpose":
-        return True
+def _reorders(graph: OpGraph, node: Node, reduced: Collection[int]) -> bool:
+    """A transpose of an all-reduced value (before or after it) that moves more than size-1
+    dimensions: the all-reduce fixes its operand's layout, so the transpose reorders the elements and a
+    fusion reading through it cannot write over its operand (a weight gradient transposed
+    into the momentum update keeps its own buffer). Unreduced, layout assignment gives the
+    producer the transposed layout and the transpose is a bitcast."""
+    if node.primitive != "transpose" or not {node.inputs[0], node.outputs[0]} & set(reduced):
+        return False
     shape = graph.shapes[node.inputs[0]]
     kept = [d for d in node.params.get("permutation", ()) if shape[d] != 1]
-    return kept == sorted(kept)
+    return kept != sorted(kept)
 
 
 REGENERATED = frozenset(("broadcast_in_dim", "iota"))
@@ -550,7 +558,11 @@ IN_PLACE_OPERAND = {"scatter": 0, "scatter-add": 0, "scatter_add": 0, "dynamic_u
 
 
 def in_output_buffers(
-    graph: OpGraph, lv: Liveness, local: Callable[[int], int], extra: Callable[[int], int]
+    graph: OpGraph,
+    lv: Liveness,
+    local: Callable[[int], int],
+    extra: Callable[[int], int],
+    reduced: Collection[int] = (),
 ) -> set[int]:
     """Intermediates XLA computes in an output's buffer, so they take no ``temp``.
 
@@ -572,7 +584,7 @@ def in_output_buffers(
             if node.primitive in IN_PLACE_OPERAND:
                 operands = [node.inputs[IN_PLACE_OPERAND[node.primitive]]]
             elif node.primitive in ELEMENTWISE or node.primitive in FREE:
-                operands = _elementwise_reads(graph, lv, node.inputs)
+                operands = _elementwise_reads(graph, lv, node.inputs, reduced=reduced)
             else:
                 break
             nxt = next(
@@ -586,7 +598,7 @@ def in_output_buffers(
                     and lv.last_use.get(u) == i
                     and local(u) == local(v)
                     and not extra(u)
-                    and _in_order(graph, u)
+                    and _in_order(graph, u, reduced)
                 ),
                 None,
             )
@@ -614,7 +626,7 @@ def written_over(
     outputs = set(graph.outputs)
     readers: dict[int, set[int]] = {}
     for i in lv.order:
-        for u in _elementwise_reads(graph, lv, graph.nodes[i].inputs, through=FUSIBLE):
+        for u in _elementwise_reads(graph, lv, graph.nodes[i].inputs, FUSIBLE, skip):
             readers.setdefault(u, set()).add(i)
     taken: set[int] = set()
     out: dict[int, int] = {}
@@ -628,7 +640,7 @@ def written_over(
         if node.primitive in IN_PLACE_OPERAND:
             operands = [node.inputs[IN_PLACE_OPERAND[node.primitive]]]
         elif node.primitive in ELEMENTWISE or node.primitive in FREE:
-            operands = _elementwise_reads(graph, lv, node.inputs)
+            operands = _elementwise_reads(graph, lv, node.inputs, reduced=skip)
         else:
             continue
         for u in operands:
@@ -640,7 +652,7 @@ def written_over(
                 and u in lv.materialized
                 and readers.get(u) == {i}
                 and own(u) == own(w)
-                and _in_order(graph, u)
+                and _in_order(graph, u, skip)
                 and graph.shapes[u] == graph.shapes[w]
             ):
                 taken.add(u)
@@ -650,7 +662,11 @@ def written_over(
 
 
 def _elementwise_reads(
-    graph: OpGraph, lv: Liveness, inputs: Sequence[int], through: Collection[str] = SAME_ELEMENTS
+    graph: OpGraph,
+    lv: Liveness,
+    inputs: Sequence[int],
+    through: Collection[str] = SAME_ELEMENTS,
+    reduced: Collection[int] = (),
 ) -> list[int]:
     """The buffers an elementwise operation reads element by element: its materialised
     operands, and those of the elementwise values fused into it (a fusion may write its
@@ -667,7 +683,11 @@ def _elementwise_reads(
             out.append(u)
             continue
         node = graph.nodes[graph.producer(u)]
-        if node.primitive in through and len(node.outputs) == 1 and _bitcast(graph, node):
+        if (
+            node.primitive in through
+            and len(node.outputs) == 1
+            and not _reorders(graph, node, reduced)
+        ):
             stack.extend(reversed(node.inputs))
     return out
 
