@@ -535,11 +535,13 @@ def _in_order(graph: OpGraph, v: int, reduced: Collection[int]) -> bool:
 
 def _reorders(graph: OpGraph, node: Node, reduced: Collection[int]) -> bool:
     """A transpose of an all-reduced value (before or after it) that moves more than size-1
-    dimensions: the all-reduce fixes its operand's layout, so the transpose reorders the elements and a
-    fusion reading through it cannot write over its operand (a weight gradient transposed
-    into the momentum update keeps its own buffer). Unreduced, layout assignment gives the
-    producer the transposed layout and the transpose is a bitcast."""
-    if node.primitive != "transpose" or not {node.inputs[0], node.outputs[0]} & set(reduced):
+    dimensions: the all-reduce fixes its operand's layout, so the transpose reorders the
+    elements and a fusion reading through it cannot write over its operand (a weight
+    gradient transposed into the momentum update keeps its own buffer). Unreduced, layout
+    assignment gives the producer the transposed layout and the transpose is a bitcast."""
+    if node.primitive != "transpose":
+        return False
+    if node.inputs[0] not in reduced and node.outputs[0] not in reduced:
         return False
     shape = graph.shapes[node.inputs[0]]
     kept = [d for d in node.params.get("permutation", ()) if shape[d] != 1]
