@@ -277,7 +277,22 @@ def _rows(space: Space, choice: list[int], paths: list[str]) -> tuple[PlanRow, .
 
 
 def _constraints(space: Space, choice: list[int], lays: dict[int, L.DimAxes]):
+    """The plan's constraints: per searched node, its outputs' layouts; per operand the
+    choice reads in another layout, that layout (``operand_constraints``).
+
+    A merged chain of unary elementwise followers (``is_follower``) takes its head's
+    layout unconstrained, except its tail when a consumer reads it resharded: left open,
+    XLA's propagation computes the chain in the consumer's more specific layout (a
+    softmax's ``exp``, read split over the experts by the division, is computed split, so
+    its sum over the experts becomes a partial sum and an all-reduce the plan did not
+    price)."""
     g = space.graph
+    resharded = set()
+    for e in space.edges:
+        src = space.units[e.src].cands[choice[e.src]].outs[e.src_out]
+        dst_c = space.units[e.dst].cands[choice[e.dst]]
+        if (dst_c.ins[e.dst_slot] if e.dst_slot >= 0 else dst_c.outs[0]) != src:
+            resharded.add(e.var)
     outs = []
     for u in space.units:
         if u.kind != "node" or u.fixed:
@@ -288,6 +303,9 @@ def _constraints(space: Space, choice: list[int], lays: dict[int, L.DimAxes]):
         specs = tuple(lays.get(v) if g.shapes[v] else None for v in node.outputs)
         if any(s is not None for s in specs):
             outs.append((node.index, node.primitive, specs))
+        tail = g.nodes[u.nodes[-1]]
+        if len(u.nodes) > 1 and tail.outputs[0] in resharded:
+            outs.append((tail.index, tail.primitive, (lays.get(tail.outputs[0]),)))
     operands = []
     for u in space.units:
         if u.kind != "node" or u.fixed:
