@@ -170,3 +170,86 @@ def test_outputs_resharded_at_the_end_hold_their_computed_buffer(m8, case, strat
     plan = strategies.baselines(c.fn, *c.args, mesh=m8)[strategy]
     ratio = plan.cost.memory.peak / plan.verify().memory.total
     assert 0.9 <= ratio <= 1.1, (c.name, strategy, ratio)
+
+
+def _plain_first_fit(bins, spans):
+    """The plain quadratic first fit ``_Bins`` must reproduce: (bin or -1) per span."""
+    hosted = [[] for _ in bins]
+    out = []
+    for lo, first, last, read in spans:
+        for k in range(lo, len(bins)):
+            if bins[k] > read and all(b < first or a > last for a, b in hosted[k]):
+                hosted[k].append((first, last))
+                out.append(k)
+                break
+        else:
+            out.append(-1)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_output_buffer_first_fit_matches_the_plain_loop(seed):
+    import random
+
+    from shardlab.parallel.cost.memory import _Bins
+
+    rng = random.Random(seed)
+    end = rng.choice([5, 40, 700])  # fewer and more program points than probes
+    written = sorted(rng.randint(0, end) + rng.choice([0, 0.5]) for _ in range(rng.randint(1, 60)))
+    rng.shuffle(written)
+    spans = []
+    for _ in range(400):
+        first = rng.randint(0, end)
+        last = min(end, first + rng.choice([0, 1, 3, end // 4, end]))
+        spans.append((rng.randint(0, len(written)), first, last, last + rng.choice([0, 0.5])))
+    bins = _Bins(written, end)
+    placed = [bins.place(lo, first, last, read) for lo, first, last, read in spans]
+    # which bin took each: the same spans in the same bins as the plain loop
+    want = _plain_first_fit(written, spans)
+    assert placed == [k >= 0 for k in want]
+    assert sum(len(s) for s in bins.starts) == sum(k >= 0 for k in want)
+    for k in range(len(written)):
+        plain = sorted(
+            (f, last) for (_lo, f, last, _r), w in zip(spans, want, strict=True) if w == k
+        )
+        assert list(zip(bins.starts[k], bins.ends[k], strict=True)) == plain
+
+
+def test_fused_reads_of_a_deep_residual_stream_match_the_plain_walk():
+    """A residual stream summed through many layers is fused into its readers: every
+    reader reads every layer's matmul output. The memoised walk gives the plain depth-first
+    walk's buffers in its order (what ``written_over`` picks from)."""
+    from shardlab.parallel.cost.memory import FUSIBLE, _Reads
+
+    def f(x, ws):
+        for w in ws:
+            x = x + jnp.tanh(x @ w) * 0.5
+        return jnp.sum(x)
+
+    x = jnp.ones((8, 16))
+    ws = [jnp.full((16, 16), 0.01 * k) for k in range(12)]
+    g = trace(f, x, ws, unroll_scans=False).graph
+    lv = liveness(g, live_nodes(g))
+
+    def plain(inputs, through):
+        out, stack, seen = [], list(reversed(inputs)), set()
+        while stack:
+            u = stack.pop()
+            if u in seen:
+                continue
+            seen.add(u)
+            if u in lv.materialized or g.producer(u) < 0:
+                out.append(u)
+                continue
+            node = g.nodes[g.producer(u)]
+            if node.primitive in through and len(node.outputs) == 1:
+                stack.extend(reversed(node.inputs))
+        return out
+
+    for through in (FUSIBLE, frozenset(("add", "mul", "tanh"))):
+        reads = _Reads(g, lv, through)
+        longest = 0
+        for node in g.nodes:
+            assert reads(node.inputs) == plain(node.inputs, through)
+            longest = max(longest, len(reads(node.inputs)))
+    assert longest >= 3  # some reader reads through fused values

@@ -32,6 +32,8 @@ import dataclasses
 import math
 from collections.abc import Callable, Collection, Sequence
 
+import numpy as np
+
 from shardlab.parallel.cost.combine import all_reduce_groups, loop_of
 from shardlab.parallel.graph.opgraph import Node, OpGraph
 from shardlab.parallel.graph.rules import ELEMENTWISE, FREE
@@ -627,9 +629,11 @@ def written_over(
     inputs = set(graph.inputs)
     outputs = set(graph.outputs)
     readers: dict[int, set[int]] = {}
+    fusible = _Reads(graph, lv, FUSIBLE, skip)
     for i in lv.order:
-        for u in _elementwise_reads(graph, lv, graph.nodes[i].inputs, FUSIBLE, skip):
+        for u in fusible(graph.nodes[i].inputs):
             readers.setdefault(u, set()).add(i)
+    same = _Reads(graph, lv, reduced=skip)
     taken: set[int] = set()
     out: dict[int, int] = {}
     for i in lv.order:
@@ -642,7 +646,7 @@ def written_over(
         if node.primitive in IN_PLACE_OPERAND:
             operands = [node.inputs[IN_PLACE_OPERAND[node.primitive]]]
         elif node.primitive in ELEMENTWISE or node.primitive in FREE:
-            operands = _elementwise_reads(graph, lv, node.inputs, reduced=skip)
+            operands = same(node.inputs)
         else:
             continue
         for u in operands:
@@ -663,6 +667,71 @@ def written_over(
     return out
 
 
+class _Reads:
+    """The buffers an elementwise operation reads element by element: its materialised
+    operands, and those of the elementwise values fused into it (a fusion may write its
+    result over any of them, ``HloDataflowAnalysis::CanShareBuffer``), in the order a
+    depth-first walk of the fused values meets them.
+
+    Memoised per variable: a fused chain (a residual stream summed through every layer) is
+    walked once, not once per reader, so a deep model stays linear in its fused values."""
+
+    def __init__(
+        self,
+        graph: OpGraph,
+        lv: Liveness,
+        through: Collection[str] = SAME_ELEMENTS,
+        reduced: Collection[int] = (),
+    ):
+        self.graph, self.lv, self.through, self.reduced = graph, lv, through, reduced
+        self.memo: dict[int, tuple[int, ...]] = {}
+
+    def _children(self, u: int) -> Sequence[int] | None:
+        """``None``: ``u`` is read as a buffer; otherwise the values fused into it."""
+        graph = self.graph
+        i = graph.producer(u)
+        if u in self.lv.materialized or i < 0:
+            return None
+        node = graph.nodes[i]
+        if (
+            node.primitive in self.through
+            and len(node.outputs) == 1
+            and not _reorders(graph, node, self.reduced)
+        ):
+            return node.inputs
+        return ()
+
+    def of(self, u: int) -> tuple[int, ...]:
+        memo = self.memo
+        if u in memo:
+            return memo[u]
+        stack: list[tuple[int, bool]] = [(u, False)]
+        while stack:
+            v, ready = stack.pop()
+            if v in memo:
+                continue
+            kids = self._children(v)
+            if kids is None:
+                memo[v] = (v,)
+            elif ready or not kids:
+                memo[v] = _first_seen(memo[k] for k in kids)
+            else:
+                stack.append((v, True))
+                stack.extend((k, False) for k in kids if k not in memo)
+        return memo[u]
+
+    def __call__(self, inputs: Sequence[int]) -> list[int]:
+        return list(_first_seen(self.of(u) for u in inputs))
+
+
+def _first_seen(parts) -> tuple[int, ...]:
+    out: dict[int, None] = {}
+    for part in parts:
+        for v in part:
+            out[v] = None
+    return tuple(out)
+
+
 def _elementwise_reads(
     graph: OpGraph,
     lv: Liveness,
@@ -670,28 +739,9 @@ def _elementwise_reads(
     through: Collection[str] = SAME_ELEMENTS,
     reduced: Collection[int] = (),
 ) -> list[int]:
-    """The buffers an elementwise operation reads element by element: its materialised
-    operands, and those of the elementwise values fused into it (a fusion may write its
-    result over any of them, ``HloDataflowAnalysis::CanShareBuffer``)."""
-    out: list[int] = []
-    stack = list(reversed(inputs))
-    seen: set[int] = set()
-    while stack:
-        u = stack.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        if u in lv.materialized or graph.producer(u) < 0:
-            out.append(u)
-            continue
-        node = graph.nodes[graph.producer(u)]
-        if (
-            node.primitive in through
-            and len(node.outputs) == 1
-            and not _reorders(graph, node, reduced)
-        ):
-            stack.extend(reversed(node.inputs))
-    return out
+    """The buffers an elementwise operation reads element by element (``_Reads``), for one
+    operation; a walk over many operations keeps one ``_Reads``."""
+    return _Reads(graph, lv, through, reduced)(inputs)
 
 
 def _walk(
@@ -813,17 +863,13 @@ def _assigned(
 
     bins = sorted((size, written(o)) for o, size in slots.items() if graph.producer(o) in point)
     bin_sizes = [b[0] for b in bins]
-    hosted: list[list[tuple[int, int]]] = [[] for _ in bins]
+    hosts = _Bins([b[1] for b in bins], end)
     heap: list[tuple[int, int, int, int]] = []
     for j in sorted(range(len(spans)), key=lambda j: (-spans[j][0], spans[j][1])):
         span = spans[j]
         size, first, last, _ = span
         read = last + 0.5 if j in late else last
-        for k in range(bisect.bisect_left(bin_sizes, size), len(bins)):
-            if bins[k][1] > read and all(b < first or a > last for a, b in hosted[k]):
-                hosted[k].append((first, last))
-                break
-        else:
+        if not hosts.place(bisect.bisect_left(bin_sizes, size), first, last, read):
             heap.append(span)
     delta = [0] * (end + 2)
     for size, first, last, _ in heap:
@@ -836,6 +882,49 @@ def _assigned(
             peak, at = now, p
     alive = frozenset(v for _, first, last, v in heap if v >= 0 and first <= at <= last)
     return peak, alive
+
+
+class _Bins:
+    """Output buffers that host temporaries (``_assigned``), first fit in bin order.
+
+    A bin takes a temporary if it is written after the temporary's last read and none of
+    the temporaries it hosts overlaps it in time. First fit over thousands of bins is
+    quadratic when most bins are taken (a deep train step's activations all span the turn
+    from forward to backward), so each bin's occupancy is also kept at up to 256 probe
+    points, and per gap between two probes whether one hosted temporary covers it: a
+    temporary skips, in a few array operations, every bin holding something at a probe
+    inside its own span (or across the gap it lies in), and only the rest are checked
+    exactly. The result is the plain first fit's."""
+
+    PROBES = 256
+    ROWS = 8  # probes consulted per temporary
+
+    def __init__(self, written: Sequence[float], end: int):
+        self.written = np.asarray(written, dtype=float)
+        self.probes = np.unique(np.linspace(0, end, min(self.PROBES, end + 1)).round())
+        self.at = np.tile(self.written, (len(self.probes), 1))  # -inf: taken at the probe
+        self.across = np.tile(self.written, (len(self.probes), 1))  # gap after the probe
+        self.starts: list[list[int]] = [[] for _ in written]
+        self.ends: list[list[int]] = [[] for _ in written]
+
+    def place(self, lo: int, first: int, last: int, read: float) -> bool:
+        a = int(np.searchsorted(self.probes, first, "left"))
+        b = int(np.searchsorted(self.probes, last, "right"))
+        if a < b:
+            rows = np.unique(np.linspace(a, b - 1, min(self.ROWS, b - a)).round().astype(int))
+            free = self.at[rows, lo:].min(axis=0)
+        else:  # between probes a - 1 and a
+            free = self.across[a - 1, lo:]
+        for k in np.flatnonzero(free > read):
+            k = int(k) + lo
+            at = bisect.bisect_right(self.starts[k], last)
+            if at == 0 or self.ends[k][at - 1] < first:  # no hosted span overlaps
+                self.starts[k].insert(at, first)
+                self.ends[k].insert(at, last)
+                self.at[a:b, k] = -math.inf
+                self.across[a : b - 1, k] = -math.inf
+                return True
+        return False
 
 
 def _steps(
