@@ -194,3 +194,41 @@ def test_scan_over_the_limit_stays_one_node(mesh, monkeypatch):
     assert not graph.scan_groups and "scan" in graph.primitive_counts()
     assert any(SCAN_WARNING in w for w in plan.cost.warnings)
     assert _close(plan.jit()(w, x), jax.jit(_reverse_carry_ys)(w, x))
+
+
+def test_a_scans_iterations_fold_into_one_body_in_the_quotient(mesh):
+    """Colour refinement alone tells a scan's first and last iterations apart (the stacked
+    outputs' buffer is a chain through all of them); the quotient the recursive search solves
+    exactly gets one unit per body role instead, so its size does not depend on the number of
+    iterations."""
+    from shardlab.parallel.search import recursive
+    from shardlab.parallel.search.pairs import own_costs, pair_matrices
+    from shardlab.parallel.search.repeats import colours, periodic, scan_roles
+
+    sizes = {"data": 2, "model": 4}
+    classes = {}
+    for layers in (6, 12):
+        case = examples.gpt_scan(layers)
+        closed, out_shape = jax.make_jaxpr(case.fn, return_shape=True)(*case.args)
+        graph = build_from_jaxpr(closed, unroll_scans=True)
+        space = build_space(
+            graph, sizes, resolve_profile(None), ties=find_ties(case.args, out_shape)
+        )
+        refined = periodic(colours(space), 2)
+        col = scan_roles(space, refined)
+        for by_role in roles(space).values():
+            for by_iteration in by_role.values():
+                middle = by_iteration[max(by_iteration) // 2]
+                same = [
+                    u
+                    for u in by_iteration.values()
+                    if space.units[u].cands is space.units[middle].cands
+                ]
+                assert len({col[u] for u in same}) == 1
+        classes[layers] = max(col) + 1
+        assert classes[layers] < max(refined) + 1
+        own, pairs = own_costs(space), pair_matrices(space)
+        folded = recursive.repeated_start(space, own, pairs)
+        assert folded is not None
+        assert len({folded[u] for u in same}) == 1  # copied to every iteration
+    assert classes[6] == classes[12]  # one body, however many iterations

@@ -35,7 +35,7 @@ import numpy as np
 
 from shardlab.parallel.search.ilp import arrays_size, solve_arrays
 from shardlab.parallel.search.pairs import Pairs, own_costs, pair_matrices
-from shardlab.parallel.search.repeats import colours, periodic, quotient
+from shardlab.parallel.search.repeats import colours, periodic, quotient, scan_roles
 from shardlab.parallel.search.space import Space
 
 
@@ -293,7 +293,7 @@ def repeated_start(
     base = colours(space)
     if n < 100 or max(base, default=-1) + 1 > 0.6 * n:
         return None
-    col = periodic(base, period)
+    col = scan_roles(space, periodic(base, period))
     classes = max(col, default=-1) + 1
     q_own, q_pairs = quotient(own, pairs, col)
     reps: dict[int, int] = {}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardlab.parallel.search.pairs import Pairs
+from shardlab.parallel.search.scan_ties import roles
 from shardlab.parallel.search.space import Space
 
 
@@ -60,6 +61,25 @@ def periodic(col: list[int], period: int) -> list[int]:
         k = seen.get(c, 0)
         seen[c] = k + 1
         keys.append((c, k % period))
+    return _relabel(keys)
+
+
+def scan_roles(space: Space, col: list[int]) -> list[int]:
+    """One colour per role of an unrolled ``lax.scan``'s body: every iteration of a scan
+    runs the same constraints (the plan constrains the body once, ``scan_ties.py``), so its
+    units at one body position are one unit of the quotient, whatever refinement said.
+    Refinement alone tells the first and last iterations apart from the middle ones (the
+    stacked outputs' buffer is a chain through every iteration, and three rounds see three
+    links from each end), which doubled a scanned GPT's quotient. A unit whose candidate
+    list is not the role's (the first iteration's ``scan_stack`` lacks the buffer operand)
+    keeps its colour."""
+    keys: list[object] = list(col)
+    for group, by_position in roles(space).items():
+        for position, members in by_position.items():
+            ref = members[max(members) // 2] if max(members) // 2 in members else None
+            for unit in members.values():
+                if ref is not None and space.units[unit].cands is space.units[ref].cands:
+                    keys[unit] = ("scan", group, position)
     return _relabel(keys)
 
 
