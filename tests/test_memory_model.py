@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 from shardlab import examples, strategies
-from shardlab.parallel.cost.memory import in_output_buffers, liveness
+from shardlab.parallel.cost.memory import device_memory, in_output_buffers, liveness
 from shardlab.parallel.cost.profiles import resolve_profile
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.graph.opgraph import live_nodes
@@ -253,3 +253,26 @@ def test_fused_reads_of_a_deep_residual_stream_match_the_plain_walk():
             assert reads(node.inputs) == plain(node.inputs, through)
             longest = max(longest, len(reads(node.inputs)))
     assert longest >= 3  # some reader reads through fused values
+
+
+def test_a_product_read_again_through_a_dot_is_written_out():
+    """``p = a * (1 - h)`` reads two operands as large as itself, and its consumer ``p * r``
+    also reads ``r``, computed from ``p`` through a dot: XLA will not duplicate ``p``
+    (``InstructionFusion::ComputeGloballyUnfusible``: it cannot be fused on all paths), so
+    ``p`` has a buffer next to ``a`` and ``h``, which the sum at the end still reads."""
+
+    def f(x, w, v):
+        a = x @ v
+        h = jnp.tanh(x @ w)
+        p = a * (1.0 - h)
+        r = jnp.sin(p) @ w
+        return (p * r) @ w + a * h
+
+    args = jnp.ones((512, 64)), jnp.full((64, 64), 0.1), jnp.full((64, 64), 0.2)
+    g = trace(f, *args, unroll_scans=False).graph
+    live = live_nodes(g)
+    product = next(n.outputs[0] for n in g.nodes if n.primitive == "mul")
+    assert product not in liveness(g, live).materialized  # the search's rows fuse it
+    assert product in liveness(g, live, copies=True).materialized
+    compiled = jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes
+    assert device_memory(g, live, g.nbytes).activations == compiled

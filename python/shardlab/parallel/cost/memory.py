@@ -112,6 +112,123 @@ def scan_carries(graph: OpGraph) -> frozenset[int]:
     return frozenset(out)
 
 
+REACH_BUDGET = 256  # nodes a reachability probe visits before it gives up (``_reaches``)
+
+
+def _true_rank(shape: Sequence[int]) -> int:
+    return sum(1 for d in shape if d != 1)
+
+
+def _at_most_unary(graph: OpGraph, node: Node) -> bool:
+    """XLA's ``InstructionFusion::EffectivelyAtMostUnary``: at most one operand as large as
+    the result (true rank at least the result's); broadcasts, iotas and scalar constants
+    do not count."""
+    rank = _true_rank(graph.shapes[node.outputs[0]])
+    large = 0
+    for x in node.inputs:
+        if graph.literal[x] is not None or _regenerated(graph, x):
+            continue
+        if _true_rank(graph.shapes[x]) >= rank:
+            large += 1
+    return large <= 1
+
+
+def _reaches(graph: OpGraph, position: dict[int, int], source: int, target: int) -> bool:
+    """Whether variable ``target`` is computed from ``source`` (a backward walk from
+    ``target`` over nodes after ``source``'s producer, at most ``REACH_BUDGET`` of them: a
+    path longer than that is taken as none)."""
+    start = position.get(graph.producer(source), -1)
+    if position.get(graph.producer(target), -1) <= start:
+        return False
+    stack, seen = [target], {target}
+    while stack and len(seen) <= REACH_BUDGET:
+        v = stack.pop()
+        i = graph.producer(v)
+        if position.get(i, -1) <= start:
+            continue
+        for x in graph.nodes[i].inputs:
+            if x == source:
+                return True
+            if x not in seen:
+                seen.add(x)
+                stack.append(x)
+    return False
+
+
+def _not_duplicated(
+    graph: OpGraph, order: Sequence[int], fused: set[int], consumers: dict[int, list[int]]
+) -> set[int]:
+    """Fused values XLA writes out because it will not duplicate them
+    (``InstructionFusion::ComputeGloballyUnfusible``). A value that reads more than one
+    operand as large as itself (not ``EffectivelyAtMostUnary``), and more elements in all
+    than it has, is fused only if it can be fused into every consumer along every path
+    (``CanFuseOnAllPaths``): a consumer that also reads, through a dot or any other value
+    with a buffer, something computed from it (a gradient ``g * (1 - h)`` multiplied later
+    by a dot of itself) cannot take it, so it gets a buffer that all its consumers read.
+    Consumers are decided before their producers (reverse program order), as XLA's
+    reverse post order does."""
+    position = {i: k for k, i in enumerate(order)}
+    out: set[int] = set()
+    for i in reversed(order):
+        node = graph.nodes[i]
+        if len(node.outputs) != 1 or node.outputs[0] not in fused:
+            continue
+        v = node.outputs[0]
+        if _at_most_unary(graph, node):
+            continue
+        operands = sum(math.prod(graph.shapes[x]) for x in dict.fromkeys(node.inputs))
+        if operands <= math.prod(graph.shapes[v]):
+            continue
+        memo: dict[int, bool] = {}
+        kept = _Kept(fused, out)
+        if not all(_all_paths(graph, position, kept, v, c, memo) for c in consumers.get(v, ())):
+            out.add(v)
+    return out
+
+
+class _Kept:
+    """Membership in ``fused`` less ``dropped``, without copying ``fused``."""
+
+    def __init__(self, fused: Collection[int], dropped: Collection[int]):
+        self.fused, self.dropped = fused, dropped
+
+    def __contains__(self, v: int) -> bool:
+        return v in self.fused and v not in self.dropped
+
+
+def _all_paths(
+    graph: OpGraph,
+    position: dict[int, int],
+    fused: _Kept,
+    v: int,
+    consumer: int,
+    memo: dict[int, bool],
+    depth: int = 0,
+) -> bool:
+    """``CanFuseOnAllPaths(v, consumer)``: ``consumer`` absorbs fused values, and each of
+    its other operands computed from ``v`` is fused too, recursively (``memo``: per
+    consumer node, for this ``v``; past ``REACH_BUDGET`` levels the paths are taken as
+    fusible)."""
+    got = memo.get(consumer)
+    if got is not None:
+        return got
+    if depth > REACH_BUDGET:
+        return True
+    memo[consumer] = True  # guards re-entry (the graph has no cycles)
+    node = graph.nodes[consumer]
+    ok = node.primitive in ABSORBS
+    for x in dict.fromkeys(node.inputs) if ok else ():
+        if x == v or graph.literal[x] is not None or not _reaches(graph, position, v, x):
+            continue
+        if x not in fused or not _all_paths(
+            graph, position, fused, v, graph.producer(x), memo, depth + 1
+        ):
+            ok = False
+            break
+    memo[consumer] = ok
+    return ok
+
+
 def _unfusable_broadcasts(graph: OpGraph, order: Sequence[int], fused: set[int]) -> dict[int, Wide]:
     """Broadcasts a reduction cannot absorb. XLA:CPU emits a reduction (with the
     elementwise operations that feed it) as one library fusion that takes a broadcast
@@ -228,6 +345,8 @@ def liveness(
         if len(users) > 1 and node.primitive in EXPENSIVE:
             continue
         fused.add(v)
+    if copies:
+        fused -= _not_duplicated(graph, order, fused, consumers)
     expanded = _unfusable_broadcasts(graph, order, fused) if copies else {}
     for x, extra in (_convolution_copies(graph, order) if copies else {}).items():
         expanded[x] = (*expanded.get(x, ()), *extra)
