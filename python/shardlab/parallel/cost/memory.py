@@ -910,15 +910,19 @@ def _assigned(
     temporary at the same time (one at a time, at offset 0). What is left is the heap,
     whose peak over the program points is ``temp``. ``into``: results written over an
     operand's buffer (``written_over``), one span with it; ``scratch``: buffers the
-    program does not name, ``(bytes, first node, last node)``."""
-    point = {i: p for p, i in enumerate(lv.order, start=1)}
-    end = len(lv.order)
+    program does not name, ``(bytes, first node, last node)``.
+
+    A combined all-reduce runs between the node after which it is scheduled and the next
+    (program points are doubled, the all-reduce at the odd one between): the buffers that
+    node read for the last time are freed before the all-reduce writes its results, so a
+    weight gradient's reduced buffer is never live with its convolution's operands."""
+    point = {i: 2 * p for p, i in enumerate(lv.order, start=1)}
+    end = 2 * len(lv.order)
     outputs = set(graph.outputs)
     # A stacked buffer handed to the next iteration's update ends one point early.
     handed = handed_over(graph, lv, size_of)
     spans: list[tuple[int, int, int, int]] = []  # (bytes, first, last, var; -1: transient)
     mains: dict[int, int] = {}  # var → index of its own buffer's span
-    late: set[int] = set()  # spans read until just after their last point
     for v in start:
         if size_of(v):
             last = point.get(lv.last_use.get(v, -1))
@@ -935,12 +939,12 @@ def _assigned(
                 stays = v in outputs or last is None
                 if v in outputs:
                     size = result = 0  # reduced into the output's own buffer
-                late.add(len(spans))  # read by the all-reduce, which runs after ``at``
-                spans.append((unreduced, p, point[at], v))
+                # Read by the all-reduce, which runs just after ``at`` (an odd point).
+                spans.append((unreduced, p, point[at] + 1, v))
                 size = max(size, result)
                 if size:
-                    until = end if stays or last is None else max(last, point[at])
-                    spans.append((size, point[at], until, v))
+                    until = end if stays or last is None else max(last, point[at] + 1)
+                    spans.append((size, point[at] + 1, until, v))
                 continue
             if size:
                 last = point.get(lv.last_use.get(v, -1))
@@ -950,7 +954,7 @@ def _assigned(
                     # for its consumers) is freed after its last use.
                     until = p if last is None or v in brief else max(p, last)
                 else:
-                    until = end if last is None else max(p, last - (v in handed))
+                    until = end if last is None else max(p, last - 2 * (v in handed))
                 mine = own(v) if own is not None else size
                 if 0 < mine < size:  # its copies are buffers of their own
                     spans.append((size - mine, p, until, v))
@@ -977,7 +981,7 @@ def _assigned(
     def written(o: int) -> float:  # an all-reduced output is written by its all-reduce
         red = reductions.get(o)
         if red is not None and red[0] in point:
-            return point[red[0]] + 0.5
+            return point[red[0]] + 1
         return point[graph.producer(o)]
 
     bins = sorted((size, written(o)) for o, size in slots.items() if graph.producer(o) in point)
@@ -987,15 +991,14 @@ def _assigned(
     for j in sorted(range(len(spans)), key=lambda j: (-spans[j][0], spans[j][1])):
         span = spans[j]
         size, first, last, _ = span
-        read = last + 0.5 if j in late else last
-        if not hosts.place(bisect.bisect_left(bin_sizes, size), first, last, read):
+        if not hosts.place(bisect.bisect_left(bin_sizes, size), first, last, last):
             heap.append(span)
-    delta = [0] * (end + 2)
+    delta = [0] * (end + 3)  # an all-reduce after the last node runs at end + 1
     for size, first, last, _ in heap:
         delta[first] += size
         delta[last + 1] -= size
     peak, now, at = 0, 0, 0
-    for p in range(end + 1):
+    for p in range(end + 2):
         now += delta[p]
         if now > peak:
             peak, at = now, p
