@@ -85,6 +85,8 @@ class Liveness:
     # Per select-and-scatter node: (node, source, operand, node after which XLA:CPU
     # finds the windows' argmax in the operand).
     selections: tuple[tuple[int, int, int, int], ...] = ()
+    # Values written only in a convolution's layout (``_computed_in_copies``).
+    in_copies: frozenset[int] = frozenset()
 
 
 FUSED_DEPTH = 1
@@ -272,12 +274,15 @@ def _unfusable_broadcasts(graph: OpGraph, order: Sequence[int], fused: set[int])
     return {x: tuple(dict.fromkeys(ws)) for x, ws in expanded.items()}
 
 
-def _convolution_copies(graph: OpGraph, order: Sequence[int]) -> dict[int, Wide]:
+def _convolution_copies(
+    graph: OpGraph, order: Sequence[int], reads: set[tuple[int, int]] | None = None
+) -> dict[int, Wide]:
     """Operands a convolution reads in a transposed copy. XLA:CPU convolves only in the
     canonical layout (``b01f_01io->b01f``: batch first and features last, the kernel's
     input then output features last); layout assignment transposes any other operand into
     a copy of its own, written as soon as the operand is (a weight gradient's activations
-    are copied in the forward pass and held to the backward)."""
+    are copied in the forward pass and held to the backward). ``reads`` collects the
+    ``(node, operand)`` pairs read through such a copy."""
     out: dict[int, Wide] = {}
     for i in order:
         node = graph.nodes[i]
@@ -298,7 +303,35 @@ def _convolution_copies(graph: OpGraph, order: Sequence[int]) -> dict[int, Wide]
         for v, spec, want in canonical:
             if spec != want and graph.literal[v] is None:
                 out[v] = ((v, -1),)
+                if reads is not None and v != node.outputs[0]:
+                    reads.add((i, v))
     return out
+
+
+def _computed_in_copies(
+    graph: OpGraph,
+    order: Sequence[int],
+    consumers: dict[int, list[int]],
+    reads: Collection[tuple[int, int]],
+) -> frozenset[int]:
+    """Values XLA:CPU computes straight into a convolution's transposed copy: the copy is a
+    loop fusion (``transpose_copy_fusion``), and an elementwise or data-movement producer
+    (a ReLU gradient's ``select``, a kernel's ``rev``) fuses into it like into any other
+    loop fusion. When every consumer is a convolution reading the copy, the value has no
+    buffer in its own layout: the copy is its buffer, written where the value is computed
+    (the operands it reads are freed there)."""
+    outputs = set(graph.outputs)
+    out: set[int] = set()
+    for i in order:
+        node = graph.nodes[i]
+        if node.primitive not in FUSIBLE or len(node.outputs) != 1:
+            continue
+        v = node.outputs[0]
+        users = consumers.get(v, ())
+        if v in outputs or not users or not all((u, v) in reads for u in users):
+            continue
+        out.add(v)
+    return frozenset(out)
 
 
 def _added(node: Node, src: Sequence[int], shape: Sequence[int]) -> set[int]:
@@ -348,8 +381,10 @@ def liveness(
     if copies:
         fused -= _not_duplicated(graph, order, fused, consumers)
     expanded = _unfusable_broadcasts(graph, order, fused) if copies else {}
-    for x, extra in (_convolution_copies(graph, order) if copies else {}).items():
+    reads: set[tuple[int, int]] = set()
+    for x, extra in (_convolution_copies(graph, order, reads) if copies else {}).items():
         expanded[x] = (*expanded.get(x, ()), *extra)
+    in_copies = _computed_in_copies(graph, order, consumers, reads)
     sources: dict[int, frozenset[int]] = {}
 
     def source_of(v: int) -> frozenset[int]:
@@ -395,7 +430,7 @@ def liveness(
                 last_use[s] = at
         found.append((i, graph.nodes[i].inputs[0], operand, at))
     materialized = frozenset(v for i in order for v in graph.nodes[i].outputs if v not in fused)
-    return Liveness(order, materialized, last_use, expanded, tuple(found))
+    return Liveness(order, materialized, last_use, expanded, tuple(found), in_copies)
 
 
 def device_memory(
@@ -631,8 +666,8 @@ def _parts(
         # (A convolution reading it in another layout transposes while it reshards: the
         # copy in that layout is the transposed one.)
         if wide:  # a copy of it in full: a broadcast a reduction reads, a transpose
-            if v not in lv.materialized and v not in keep:
-                return max(wide), copies  # the fused value itself, written out
+            if v not in keep and (v not in lv.materialized or v in lv.in_copies):
+                return max(wide), copies  # the value itself, written out in the copy
             copies += max(wide)
         if v in keep:
             return 0, copies
@@ -761,6 +796,8 @@ def written_over(
             continue
         w = node.outputs[0]
         if w not in lv.materialized or w in outputs or w in skip or not own(w):
+            continue
+        if w in lv.in_copies:  # written in another layout: not over its operand
             continue
         if node.primitive in IN_PLACE_OPERAND:
             operands = [node.inputs[IN_PLACE_OPERAND[node.primitive]]]
