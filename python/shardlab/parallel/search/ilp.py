@@ -304,7 +304,9 @@ def _integral_relaxation(
         cost,
         bounds=bounds,
         method="highs-ds",
-        options={"time_limit": float(time_limit), "disp": False},
+        # presolve finds nothing to remove in the transportation form and costs a third
+        # of the solve (24-layer GPT quotient: 0.16 -> 0.10 s)
+        options={"time_limit": float(time_limit), "disp": False, "presolve": False},
         **kwargs,
     )
     if res.status != 0 or res.x is None:
