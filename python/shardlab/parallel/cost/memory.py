@@ -384,7 +384,7 @@ def liveness(
     reads: set[tuple[int, int]] = set()
     for x, extra in (_convolution_copies(graph, order, reads) if copies else {}).items():
         expanded[x] = (*expanded.get(x, ()), *extra)
-    in_copies = _computed_in_copies(graph, order, consumers, reads)
+    in_copies = _computed_in_copies(graph, order, consumers, reads) if reads else frozenset()
     sources: dict[int, frozenset[int]] = {}
 
     def source_of(v: int) -> frozenset[int]:
@@ -732,6 +732,7 @@ def in_output_buffers(
     """
     outputs = set(graph.outputs)
     inputs = set(graph.inputs)
+    reads = _Reads(graph, lv, reduced=reduced)
     out: set[int] = set()
     for v in reversed(graph.outputs):
         while True:
@@ -742,7 +743,7 @@ def in_output_buffers(
             if node.primitive in IN_PLACE_OPERAND:
                 operands = [node.inputs[IN_PLACE_OPERAND[node.primitive]]]
             elif node.primitive in ELEMENTWISE or node.primitive in FREE:
-                operands = _elementwise_reads(graph, lv, node.inputs, reduced=reduced)
+                operands = reads(node.inputs)
             else:
                 break
             nxt = next(
@@ -886,18 +887,6 @@ def _first_seen(parts) -> tuple[int, ...]:
         for v in part:
             out[v] = None
     return tuple(out)
-
-
-def _elementwise_reads(
-    graph: OpGraph,
-    lv: Liveness,
-    inputs: Sequence[int],
-    through: Collection[str] = SAME_ELEMENTS,
-    reduced: Collection[int] = (),
-) -> list[int]:
-    """The buffers an elementwise operation reads element by element (``_Reads``), for one
-    operation; a walk over many operations keeps one ``_Reads``."""
-    return _Reads(graph, lv, through, reduced)(inputs)
 
 
 def _walk(
