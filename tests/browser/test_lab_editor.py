@@ -115,6 +115,19 @@ def _wait_text(locator, needle: str, timeout_s: float = 60) -> str:
     raise AssertionError(f"{needle!r} not shown; the view says:\n{text}")
 
 
+def _box(locator, timeout_s: float = 30) -> dict:
+    """The locator's bounding box once it is laid out: Lab re-renders an output's DOM after a
+    widget update, and Playwright answers ``None`` for an element between two renders."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        locator.wait_for(state="visible", timeout=timeout_s * 1000)
+        box = locator.bounding_box()
+        if box is not None:
+            return box
+        locator.page.wait_for_timeout(250)
+    raise AssertionError(f"{locator} was never laid out")
+
+
 def _options(select) -> list[str]:
     # ipywidgets writes an option's spaces as no-break spaces
     return select.evaluate("el => [...el.options].map(o => o.text.replace(/\u00a0/g, ' '))")
@@ -155,7 +168,7 @@ def test_editor_sets_stages_and_remat_in_the_browser(lab_server, lab_page):
     output = cell.locator(".jp-OutputArea").first
     output.evaluate("el => el.scrollIntoView({block: 'start'})")
     # one screen: the figures, the schedule and the pipeline/remat controls together
-    top, bottom = figures.bounding_box(), remat.bounding_box()
+    top, bottom = _box(figures), _box(remat)
     assert bottom["y"] + bottom["height"] - top["y"] <= page.viewport_size["height"] - 60
     _shot(page, "lab_pipeline_editor")
     # the timeline of a pipelined plan: the bokeh plot, and the labelled schedule under it
