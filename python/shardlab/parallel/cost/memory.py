@@ -87,6 +87,13 @@ class Liveness:
     selections: tuple[tuple[int, int, int, int], ...] = ()
     # Values written only in a convolution's layout (``_computed_in_copies``).
     in_copies: frozenset[int] = frozenset()
+    # Per value with a buffer that convolutions also read through a transposed copy: the
+    # node after which nothing reads its own buffer (the copy, written with the value,
+    # lives to ``last_use``).
+    direct: dict[int, int] = dataclasses.field(default_factory=dict)
+    # Values in ``in_copies`` computed from the program's arguments alone (a kernel's
+    # ``rev`` for an input gradient): the copy is written at the program's start.
+    early: frozenset[int] = frozenset()
 
 
 FUSED_DEPTH = 1
@@ -94,6 +101,20 @@ FUSED_DEPTH = 1
 # fusion; smaller ones are loop fusions, which take any broadcast inside.
 LIBRARY_REDUCTION = 4096
 REDUCING = frozenset("reduce_sum reduce_max reduce_min reduce_prod".split())
+# Data movement a library reduction fusion cannot take in: the value is written out for it.
+LIBRARY_OPERANDS = frozenset(("concatenate", "pad"))
+RESHAPES = frozenset(("reshape", "squeeze", "expand_dims"))
+
+
+def _outer(graph: OpGraph, node: Node) -> bool:
+    """A ``dot_general`` that contracts only size-1 dimensions (a cotangent times a
+    ``(k, 1)`` weight): XLA's algebraic simplifier rewrites it as a multiply of broadcasts,
+    an elementwise loop that fuses like one."""
+    if node.primitive != "dot_general" or len(node.inputs) != 2:
+        return False
+    (lc, _), _ = node.params["dimension_numbers"]
+    shape = graph.shapes[node.inputs[0]]
+    return all(shape[d] == 1 for d in lc)
 
 
 def scan_carries(graph: OpGraph) -> frozenset[int]:
@@ -231,7 +252,13 @@ def _all_paths(
     return ok
 
 
-def _unfusable_broadcasts(graph: OpGraph, order: Sequence[int], fused: set[int]) -> dict[int, Wide]:
+def _unfusable_broadcasts(
+    graph: OpGraph,
+    order: Sequence[int],
+    fused: set[int],
+    consumers: dict[int, list[int]],
+    library: set[int] | None = None,
+) -> dict[int, Wide]:
     """Broadcasts a reduction cannot absorb. XLA:CPU emits a reduction (with the
     elementwise operations that feed it) as one library fusion that takes a broadcast
     inside only along the reduced dimensions (a softmax's max, a mean's divisor); a value
@@ -239,24 +266,44 @@ def _unfusable_broadcasts(graph: OpGraph, order: Sequence[int], fused: set[int])
     summed over rows) is written out in full first. Returns the explicit broadcasts to
     materialise, and per variable an elementwise operation expands (size-1 dimensions), the
     full-shape values whose broadcast copy of it is written out (XLA's CSE keeps one such
-    copy for as long as the small variable lives)."""
+    copy for as long as the small variable lives).
+
+    XLA:CPU's library rewriter builds that fusion before instruction fusion runs, from the
+    reduction and the elementwise producers only it reads: an elementwise value feeding it
+    that other operations read too (``1 - h`` of a tanh's derivative, a gradient summed over
+    the batch and also multiplied on) is written out for the reduction to read, although
+    its other consumers recompute it fused; the walk stops there (what it is computed from
+    is that value's own loop fusion, which takes any broadcast). A concatenation or pad
+    is written out whatever reads it; its other consumers read that buffer instead of
+    recomputing it (``library`` collects them)."""
     expanded: dict[int, list[tuple[int, int]]] = {}
     for i in order:
         node = graph.nodes[i]
         if node.primitive not in REDUCING or not node.inputs:
             continue
         axes = set(node.params.get("axes", ()))
-        stack, seen = [(node.inputs[0], 0)], set()
+        # (value, depth, reached through a reshape: the reduced axes no longer apply)
+        stack, seen = [(node.inputs[0], 0, False)], set()
         while stack:
-            w, depth = stack.pop()
+            w, depth, reshaped = stack.pop()
             if w in seen or w not in fused:
                 continue
             seen.add(w)
             producer = graph.nodes[graph.producer(w)]
             shape = graph.shapes[w]
+            if (
+                producer.primitive in ELEMENTWISE and len(consumers.get(w, ())) > 1
+            ) or producer.primitive in LIBRARY_OPERANDS:
+                expanded.setdefault(w, []).append((w, node.inputs[0]))
+                if library is not None and producer.primitive in LIBRARY_OPERANDS:
+                    library.add(w)
+                continue
+            if producer.primitive in RESHAPES:  # a bitcast: the fusion reads through it
+                stack.append((producer.inputs[0], depth, True))
+                continue
             if producer.primitive == "broadcast_in_dim":
                 src = graph.shapes[producer.inputs[0]]
-                if math.prod(src) > 1 and not _added(producer, src, shape) <= axes:
+                if not reshaped and math.prod(src) > 1 and not _added(producer, src, shape) <= axes:
                     expanded.setdefault(w, []).append((w, node.inputs[0]))
                 continue
             if producer.primitive not in ELEMENTWISE and producer.primitive not in FREE:
@@ -265,12 +312,12 @@ def _unfusable_broadcasts(graph: OpGraph, order: Sequence[int], fused: set[int])
                 xs = graph.shapes[x]
                 if graph.literal[x] is not None or math.prod(xs) <= 1:
                     continue
-                if len(xs) == len(shape) and xs != shape:
+                if not reshaped and len(xs) == len(shape) and xs != shape:
                     added = {d for d in range(len(shape)) if xs[d] == 1 and shape[d] > 1}
                     if not added <= axes:
                         expanded.setdefault(x, []).append((w, node.inputs[0]))
                 if depth < FUSED_DEPTH:
-                    stack.append((x, depth + 1))
+                    stack.append((x, depth + 1, reshaped))
     return {x: tuple(dict.fromkeys(ws)) for x, ws in expanded.items()}
 
 
@@ -365,22 +412,27 @@ def liveness(
             consumers.setdefault(v, []).append(i)
     outputs = set(graph.outputs)
     fused: set[int] = set()
+
+    def outer(n: Node) -> bool:
+        return copies and _outer(graph, n)
+
     for i in order:
         node = graph.nodes[i]
-        if node.primitive not in FUSIBLE or len(node.outputs) != 1:
+        if (node.primitive not in FUSIBLE and not outer(node)) or len(node.outputs) != 1:
             continue
         v = node.outputs[0]
         users = consumers.get(v, [])
         if v in outputs or not users or v in materialize or v in carried:
             continue
-        if not all(graph.nodes[u].primitive in ABSORBS for u in users):
+        if not all(graph.nodes[u].primitive in ABSORBS or outer(graph.nodes[u]) for u in users):
             continue
         if len(users) > 1 and node.primitive in EXPENSIVE:
             continue
         fused.add(v)
     if copies:
         fused -= _not_duplicated(graph, order, fused, consumers)
-    expanded = _unfusable_broadcasts(graph, order, fused) if copies else {}
+    library: set[int] = set()
+    expanded = _unfusable_broadcasts(graph, order, fused, consumers, library) if copies else {}
     reads: set[tuple[int, int]] = set()
     for x, extra in (_convolution_copies(graph, order, reads) if copies else {}).items():
         expanded[x] = (*expanded.get(x, ()), *extra)
@@ -393,6 +445,8 @@ def liveness(
             if v in fused:
                 node = graph.nodes[graph.producer(v)]
                 got = frozenset().union(*(source_of(x) for x in node.inputs))
+                if v in library:  # its written-out copy is read for as long
+                    got |= {v}
             else:
                 got = frozenset((v,))
             sources[v] = got
@@ -404,12 +458,16 @@ def liveness(
         if selections and graph.nodes[i].primitive == "select_and_scatter_add"
     }
     last_use: dict[int, int] = {}
+    copied = {v for _, v in reads}
+    direct: dict[int, int] = {}
     for i in order:
         for v in graph.nodes[i].inputs:
             if selecting.get(i) == v:
                 continue  # read where it is computed (``selections``)
             for s in source_of(v) | {v}:  # program order: the latest read wins
                 last_use[s] = i
+                if s in copied and (i, s) not in reads:
+                    direct[s] = i
     found: list[tuple[int, int, int, int]] = []
     position = {i: k for k, i in enumerate(order)}
     for i, operand in selecting.items():
@@ -430,7 +488,20 @@ def liveness(
                 last_use[s] = at
         found.append((i, graph.nodes[i].inputs[0], operand, at))
     materialized = frozenset(v for i in order for v in graph.nodes[i].outputs if v not in fused)
-    return Liveness(order, materialized, last_use, expanded, tuple(found), in_copies)
+    # XLA:CPU frees a value's own buffer after its last reader in that layout; its
+    # transposed copy for a convolution (a weight gradient's activations) is held apart.
+    direct = {
+        v: direct.get(v, graph.producer(v))
+        for v in copied
+        if v in materialized and v not in in_copies and graph.producer(v) >= 0
+    }
+    inputs = set(graph.inputs)
+    early = frozenset(
+        v
+        for v in in_copies
+        if all(source_of(x) <= inputs for x in graph.nodes[graph.producer(v)].inputs)
+    )
+    return Liveness(order, materialized, last_use, expanded, tuple(found), in_copies, direct, early)
 
 
 def device_memory(
@@ -508,7 +579,17 @@ def device_memory(
             scratch=scratch,
         )
     else:
-        peak, _ = _assigned(graph, lv, held, start, transient, slots, into=into, scratch=scratch)
+        peak, _ = _assigned(
+            graph,
+            lv,
+            held,
+            start,
+            transient,
+            slots,
+            own=lambda v: parts(v)[0],
+            into=into,
+            scratch=scratch,
+        )
     return DeviceMemoryEstimate(
         parameters=params, outputs=out_bytes, activations=peak, peak=params + out_bytes + peak
     )
@@ -649,7 +730,12 @@ def _parts(
     keep = set(graph.inputs) | set(graph.outputs)
     keep |= in_output_buffers(graph, lv, local, extra, reduced)
 
-    def library(r: int) -> bool:  # a reduction XLA:CPU emits as a library fusion
+    def library(r: int) -> bool:
+        """A reduction XLA:CPU emits as a library fusion of what it reads: large enough,
+        and not reading a copy in another layout (the loop fusion that computes the value
+        before it is resharded takes the elementwise producers and broadcasts then)."""
+        if extra(r):
+            return False
         whole = graph.nbytes(r)
         elements = math.prod(graph.shapes[r])
         return whole > 0 and local(r) * elements // whole >= LIBRARY_REDUCTION
@@ -985,6 +1071,8 @@ def _assigned(
                 if 0 < mine < size:  # its copies are buffers of their own
                     spans.append((size - mine, p, until, v))
                     size = mine
+                    if v in lv.direct and v not in outputs:  # read in a convolution's copy
+                        until = min(until, max(p, point.get(lv.direct[v], p)))
                 host = into.get(v) if into else None
                 while into and host is not None and host not in mains:
                     host = into.get(host)
@@ -995,7 +1083,7 @@ def _assigned(
                     mains[v] = k
                     continue
                 mains[v] = len(spans)
-                spans.append((size, p, until, v))
+                spans.append((size, 1 if v in lv.early else p, until, v))
         extra = transient(i)
         for piece in (extra,) if isinstance(extra, int) else extra:
             if piece:
