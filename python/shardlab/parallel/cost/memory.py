@@ -398,8 +398,10 @@ def liveness(
     """Fusion and live ranges of ``graph`` (only ``live`` nodes run); ``materialize``:
     variables that get a buffer whatever their consumers (all-reduced partial sums: the
     all-reduce reads a buffer); ``copies``: also the buffers XLA:CPU writes out that the
-    program does not name (broadcasts a library reduction cannot fuse, convolution
-    operands transposed to its one layout, the window indices of a max pool's gradient).
+    program does not name (broadcasts and multi-reader inputs a library reduction cannot
+    fuse, convolution operands transposed to its one layout, the window indices of a max
+    pool's gradient), with the fusion decisions XLA makes when it does (a ``dot_general``
+    contracting only size-1 dimensions is a multiply).
     The plan's memory estimate uses them; the search's own memory rows do not yet (their
     budgets were tuned without them); ``selections``: the backend expands max pooling's
     gradient (``select_and_scatter_add``) into a reduce-window and a scatter
