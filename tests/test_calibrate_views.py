@@ -127,9 +127,19 @@ def test_reprice_is_the_plans_own_prediction_and_moves_with_the_profile(profile)
     assert reprice(replicated, slower) > reprice(replicated, DEVICE_PROFILES["cpu-sim"])
     # measured side by side: a replicated step does 8x the compute of data parallel
     measured = measure_side_by_side(
-        {"replicated": replicated, "data_parallel": plans["data_parallel"]}, case
+        {"replicated": replicated, "data_parallel": plans["data_parallel"]},
+        case,
+        again=["replicated", "data_parallel"],
     )
+    assert set(measured) == {
+        "replicated",
+        "data_parallel",
+        "replicated (again)",
+        "data_parallel (again)",
+    }
     assert all(v > 0 for v in measured.values())
+    # two measurements of the same plans order them alike when they are far apart
+    assert measured["replicated (again)"] > measured["data_parallel (again)"]
 
 
 KERNEL_SETUP = """\
