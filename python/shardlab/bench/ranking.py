@@ -8,9 +8,9 @@ the profile ``shardlab.calibrate()`` measured at the start of the section and wi
 backend's datasheet profile. Reported: Kendall's τ of predicted against measured step time
 per case and over all plans, and whether auto's plan measured no slower than the fastest
 measured baseline. Every plan is also measured a second time, compiled and placed anew:
-τ of the two measurements against each other is the most any model's ranking can reach on
-this host (two runs of the same plans do not order them alike when they are closer than the
-host's noise).
+τ of the two measurements against each other is about what a model that ranked the plans
+exactly as they run would score on this host (two runs of the same plans do not order them
+alike when they are closer than the host's noise).
 
 Run: ``python -m shardlab.bench --only ranking`` (or ``python -m shardlab.bench.ranking``).
 """
@@ -196,7 +196,7 @@ def summarize(groups: dict[tuple[str, str], list[Ranked]]) -> dict[str, float]:
         out[f"tau_{which}_pooled"] = kendall_tau(
             [math.log(getattr(r, which)) for r in pooled], [math.log(r.measured) for r in pooled]
         )
-    # the ceiling: the measurement ranked against itself
+    # the measurement ranked against itself: what an exact model would score
     taus = [
         kendall_tau([r.remeasured for r in rows], [r.measured for r in rows])
         for rows in (_ranked_rows(g) for g in groups.values())
@@ -289,8 +289,8 @@ def run(cases: Sequence[examples.Case] | None = None, meshes=MESHES) -> str:
         "The measurement against itself: every plan measured a second time, compiled and "
         "placed anew, in the same interleaved rounds; τ of the second medians against the "
         f"first is {s['tau_repeat_pooled']:.2f} pooled and {s['tau_repeat_mean']:.2f} per case "
-        "(mean). No model's ranking can agree with one measurement better than a second "
-        "measurement does.",
+        "(mean): about what a model that ranked the plans exactly as they run would score "
+        "against one noisy measurement.",
         "",
         "Noise floor: the data-parallel program of each case compiled and measured twice "
         "in the same interleaved rounds; the two medians differ by "
