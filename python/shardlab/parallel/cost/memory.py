@@ -558,8 +558,13 @@ def device_memory(
 
     slots = {v: output_local(v) for v in dict.fromkeys(graph.outputs) if graph.producer(v) >= 0}
     start = [v for v in inputs if v in used]
-    into = written_over(graph, lv, lambda v: parts(v)[0], reduced)
+
+    def own(v: int) -> int:
+        return parts(v)[0]
+
+    into = written_over(graph, lv, own, reduced)
     scratch = _selection_scratch(graph, lv, local)
+    brief: Collection[int] = ()
     if reductions:
         hosted = in_output_buffers(graph, lv, local, extra, reduced) | set(graph.outputs)
         reductions = {
@@ -567,31 +572,19 @@ def device_memory(
             for v, (at, unreduced, result) in reductions.items()
         }
         brief = _recomputed(graph, moved)
-        peak, _ = _assigned(
-            graph,
-            lv,
-            held,
-            start,
-            transient,
-            slots,
-            reductions,
-            brief,
-            own=lambda v: parts(v)[0],
-            into=into,
-            scratch=scratch,
-        )
-    else:
-        peak, _ = _assigned(
-            graph,
-            lv,
-            held,
-            start,
-            transient,
-            slots,
-            own=lambda v: parts(v)[0],
-            into=into,
-            scratch=scratch,
-        )
+    peak, _ = _assigned(
+        graph,
+        lv,
+        held,
+        start,
+        transient,
+        slots,
+        reductions,
+        brief,
+        own=own,
+        into=into,
+        scratch=scratch,
+    )
     return DeviceMemoryEstimate(
         parameters=params, outputs=out_bytes, activations=peak, peak=params + out_bytes + peak
     )
