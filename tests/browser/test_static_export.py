@@ -190,6 +190,10 @@ def test_exported_notebook_reads_well_offline(path, chromium, tmp_path):
                 if len(dom["text"].strip()) < 20:
                     problems.append(f"{where}: a widget and no readable text beside it")
                 continue
+            if output.output_type == "stream" and not output.get("text", "").strip():
+                # ipykernel flushed a print's newline apart from its text (a slow loop
+                # between prints): a blank line on the page, as in Lab, not an empty view
+                continue
             if not box["text"] or box["height"] < MIN_HEIGHT_PX or box["width"] <= 0:
                 problems.append(
                     f"{where}: an empty output on the page ({output.output_type}, "
