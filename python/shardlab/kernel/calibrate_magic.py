@@ -59,8 +59,14 @@ def profile_summary(profile: DeviceProfile) -> str:
         + (f" (fit residual {c.matmul_residual:.1%})" if c else "")
         + f"; memory {profile.memory_bandwidth / 1e9:.3g} GB/s per device"
         + (f" (fit residual {c.bandwidth_residual:.1%})" if c else "")
+        + f"; compute hides {profile.overlap:.0%} of the memory traffic"
     )
     overhead = f"per-op overhead {human_time(profile.op_overhead)}"
+    if profile.operand_latency:
+        overhead += (
+            f"; each operand of a combined collective pays {profile.operand_latency:.0%} "
+            "of its latency"
+        )
     if c is not None:
         overhead += f"; a program's launch {human_time(c.dispatch)} (not charged per op)"
     lines.append(overhead)

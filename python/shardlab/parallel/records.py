@@ -54,6 +54,9 @@ class Collective(_Record):
         count: how many times it runs per call (trip count of an enclosing loop, else 1).
         hlo_name: the instruction name in the HLO text ("" for predicted collectives).
         shape: the result shape text, e.g. ``f32[8,16]``.
+        operands: arrays it reduces or moves (a combined all-reduce's tuple has several;
+            a backend that runs them one by one pays a latency each,
+            ``DeviceProfile.operand_latency``).
     """
 
     kind: str
@@ -66,6 +69,7 @@ class Collective(_Record):
     count: int = 1
     hlo_name: str = ""
     shape: str = ""
+    operands: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

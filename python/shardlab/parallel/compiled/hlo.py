@@ -278,6 +278,7 @@ def collectives_from_hlo(hlo_text: str, mesh_shape: Mapping[str, int]) -> tuple[
                 count=counts.get(instr.computation, 1),
                 hlo_name=attrs_from.name,
                 shape=instr.type_text,
+                operands=max(1, len(_ARRAY_RE.findall(instr.type_text))),
             )
         )
     return tuple(out)

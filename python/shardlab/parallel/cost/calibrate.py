@@ -9,10 +9,16 @@ cores, like simulated CPU devices, are measured as they share them):
   program; beta, by least squares on relative error from the median times over a range of
   sizes, less a program that does nothing, less alpha (``alpha + beta · wire bytes``,
   ``profiles.wire_bytes``), residuals kept;
-- achieved matmul throughput: batched matmuls split over every device, the slope of time
-  against per-device flops;
 - achieved memory bandwidth: an elementwise ``2 x + 1`` split over every device, the slope
   of time against per-device bytes read and written;
+- achieved matmul throughput and overlap: batched matmuls split over every device, square
+  ones (compute-bound) and skinny ones near the ridge point, fitted together as
+  ``max(c, m) + (1 - overlap) · min(c, m)`` (``c`` flops over the rate, ``m`` bytes over the
+  bandwidth): how much of a matmul's weight stream its compute hides (a CPU's cores stall
+  on it, a GPU's hide it);
+- per-operand latency of a combined all-reduce: a tuple ``psum`` of 8 small arrays against
+  one ``psum`` of their total, as a share of the all-reduce latency (XLA:CPU runs a
+  tuple's operands one by one; NCCL groups them);
 - per-operation overhead: the marginal time of one more small matmul chained in a program;
   and a program's fixed cost (a tiny jitted op), which is not charged per operation.
 
@@ -280,12 +286,61 @@ def _measure_collectives(
     return fits
 
 
+_OPERANDS = 8  # arrays in the tuple ``psum`` that measures a combined all-reduce's operands
+
+
+def _measure_operand_latency(
+    devices: Sequence[Any], runs: int, fits: Sequence[CollectiveFit], progress: _Progress
+) -> float:
+    """What each operand past the first of a combined all-reduce costs, as a share of one
+    all-reduce's latency (0 to 1): a tuple ``psum`` of ``_OPERANDS`` small arrays over all
+    devices against a ``psum`` of one array of their total size, both less a program that
+    does nothing, over the all-reduce latency fitted on that group."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    n = len(devices)
+    fit = next(
+        (f for f in fits if f.kind == "all-reduce" and f.group_size == n and f.axis == "all"),
+        None,
+    )
+    if fit is None or fit.alpha <= 0 or n < 2:
+        progress.step("combined all-reduce operands")
+        return 0.0
+    mesh = Mesh(np.array(devices).reshape(n), ("all",))
+    spec = P("all")
+    split = NamedSharding(mesh, spec)
+    elements = 1024  # per operand per device: 4 KiB, latency-bound
+
+    def program(count: int) -> Callable[[Any], Any]:
+        def body(v: Any) -> Any:
+            parts = jax.lax.psum(tuple(v * (i + 1.0) for i in range(count)), "all")
+            return sum(p[:1] for p in parts)
+
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+
+    nothing = jax.jit(jax.shard_map(lambda v: v[:1] + 0.0, mesh=mesh, in_specs=spec, out_specs=spec))
+    small = jax.device_put(jnp.ones((elements * n,), jnp.float32), split)
+    whole = jax.device_put(jnp.ones((elements * _OPERANDS * n,), jnp.float32), split)
+    tuple_time, one_time, empty = _interleaved_medians(
+        [(program(_OPERANDS), small), (program(1), whole), (nothing, small)], max(runs, 9)
+    )
+    progress.step("combined all-reduce operands")
+    extra = (tuple_time - one_time) / (_OPERANDS - 1)
+    return float(min(max(extra / fit.alpha, 0.0), 1.0))
+
+
 def _measure_roofline(
-    devices: Sequence[Any], dims: Sequence[int], runs: int, progress: _Progress
-) -> tuple[float, float, float, float]:
-    """``(flop/s, residual, bytes/s, residual)`` per device, every device busy at once: the
-    slopes of time against per-device flops and bytes (the intercept, a program's fixed
-    cost, is left out)."""
+    devices: Sequence[Any], dims: Sequence[int], runs: int, dispatch: float, progress: _Progress
+) -> tuple[float, float, float, float, float]:
+    """``(flop/s, residual, bytes/s, residual, overlap)`` per device, every device busy at
+    once. The memory bandwidth is the slope of a stream's time against its bytes. The matmul
+    rate and how much of a matmul's memory traffic its compute hides (``overlap``) are fitted
+    together, less a program's launch (``dispatch``), on square batched matmuls
+    (compute-bound) and skinny ones near the roofline's ridge (a few rows against a weight
+    that streams from memory, as a data-parallel layer's is)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding
@@ -294,17 +349,6 @@ def _measure_roofline(
     n = len(devices)
     mesh = Mesh(np.array(devices).reshape(n), ("all",))
     split = NamedSharding(mesh, P("all"))
-    batch = 2  # matmuls per device
-    matmul = jax.jit(lambda a: jnp.einsum("bij,bjk->bik", a, a))
-    cases = [
-        (matmul, jax.device_put(jnp.full((batch * n, k, k), 0.5, jnp.float32), split)) for k in dims
-    ]
-    flops = [2.0 * batch * k**3 for k in dims]
-    seconds = [max(t, 1e-6) for t in _interleaved_medians(cases, runs)]
-    progress.step("matmul throughput")
-    # Through the origin: the model charges a matmul no intercept, so the rate is the one
-    # achieved at these sizes (small matmuls run below the asymptotic rate).
-    _, slope, flop_residual = _fit_line(flops, seconds, intercept=False)
     stream = jax.jit(lambda v: v * 2.0 + 1.0)
     # Up to 16 MiB per device: the working set of all devices then exceeds the host's
     # caches as a training step's does, and the slope is the memory (DRAM) bandwidth.
@@ -318,7 +362,63 @@ def _measure_roofline(
     del cases
     progress.step("memory bandwidth")
     _, byte_slope, byte_residual = _fit_line(moved, seconds)
-    return 1.0 / slope, flop_residual, 1.0 / byte_slope, byte_residual
+    bandwidth = 1.0 / byte_slope
+
+    batch = 2  # matmuls per device
+    matmul = jax.jit(lambda a, b: jnp.einsum("bij,bjk->bik", a, b))
+    shapes = [(k, k, k) for k in dims]  # (rows, contracted, columns) of each matmul
+    square = _interleaved_medians(
+        [(lambda a: matmul(a, a), _filled((batch * n, k, k), split)) for k, _, _ in shapes], runs
+    )
+    # Skinny: rows about the ridge point's intensity (a [m, k] x [k, k] f32 matmul does
+    # about m / 2 flops per byte), the weight large enough to stream from memory.
+    _, through_origin, _ = _fit_line(
+        [2.0 * batch * k**3 for k in dims], [max(t, 1e-6) for t in square], intercept=False
+    )
+    ridge = (1.0 / through_origin) / bandwidth
+    k = 1024 if devices[0].platform == "cpu" else 4096
+    rows = sorted({int(min(max(8 * round(r * ridge / 8), 8), k)) for r in (1.0, 2.0, 4.0)})
+    weight = _filled((batch * n, k, k), split)
+    skinny = _interleaved_medians(
+        [(lambda a, w=weight: matmul(a, w), _filled((batch * n, m, k), split)) for m in rows],
+        runs,
+    )
+    del weight
+    shapes += [(m, k, k) for m in rows]
+    progress.step("matmul throughput")
+    flops = np.array([2.0 * batch * m * kk * c for m, kk, c in shapes])
+    moved_bytes = np.array([batch * _F32 * (m * kk + kk * c + m * c) for m, kk, c in shapes])
+    seconds = np.maximum(np.array(square + skinny) - dispatch, 1e-6)
+    rate, overlap, flop_residual = _fit_roofline(flops, moved_bytes / bandwidth, seconds)
+    return rate, flop_residual, bandwidth, byte_residual, overlap
+
+
+def _filled(shape: tuple[int, ...], sharding: Any) -> Any:
+    import jax
+    import jax.numpy as jnp
+
+    return jax.device_put(jnp.full(shape, 0.5, jnp.float32), sharding)
+
+
+def _fit_roofline(
+    flops: Any, memory_seconds: Any, seconds: Any
+) -> tuple[float, float, float]:
+    """``(flop/s, overlap, residual)`` minimising the relative error of
+    ``max(c, m) + (1 - overlap) · min(c, m)``, ``c = flops / rate``, ``m`` the memory time
+    (``DeviceProfile.op_time``): a grid over overlap in [0, 1], the rate solved per overlap
+    by a log-spaced search around the rate through the origin."""
+    f, m, t = (np.asarray(a, float) for a in (flops, memory_seconds, seconds))
+    base = float(np.sum(f * t / t**2) / np.sum(f * f / t**2))  # seconds per flop
+    best = (math.inf, 1.0, 1.0 / base)
+    for overlap in np.linspace(0.0, 1.0, 21):
+        for scale in np.geomspace(0.25, 2.0, 121):
+            c = f * base * scale
+            predicted = np.maximum(c, m) + (1.0 - overlap) * np.minimum(c, m)
+            error = float(np.sqrt(np.mean(((predicted - t) / t) ** 2)))
+            if error < best[0] - 1e-12:
+                best = (error, float(overlap), 1.0 / (base * scale))
+    error, overlap, rate = best
+    return rate, overlap, error
 
 
 def _measure_overheads(
@@ -360,7 +460,7 @@ def estimate_seconds(mesh: Any = None, *, quick: bool = True) -> float:
     meshes = [mesh] if mesh is not None else _default_meshes(devices)
     plan = _PLANS[quick]
     figures = len(_axes_to_measure(meshes)) * len(COLLECTIVE_KINDS) * len(plan["sizes"])
-    figures += len(plan["matmul"]) + 6
+    figures += len(plan["matmul"]) + 12
     scale = max(len(devices) / 8, 1.0) if jax.devices()[0].platform == "cpu" else 1.0
     return figures * _SECONDS_PER_FIGURE[quick] * scale * (1 if quick else 2)
 
@@ -419,12 +519,15 @@ def _calibrate(mesh: Any, quick: bool, report: Callable[[float, str], None]) -> 
     devices = list(mesh.devices.flat) if mesh is not None else jax.devices()
     meshes = [mesh] if mesh is not None else _default_meshes(devices)
     axes = _axes_to_measure(meshes)
-    total = len(axes) * len(COLLECTIVE_KINDS) + 3
+    total = len(axes) * len(COLLECTIVE_KINDS) + 4
     steps = _Progress(report, total)
     report(0.0, f"calibrating {len(devices)} devices")
     dispatch, per_op = _measure_overheads(devices, runs, steps)
     fits = _measure_collectives(axes, plan["sizes"], runs, steps)
-    flops, flop_res, bandwidth, byte_res = _measure_roofline(devices, plan["matmul"], runs, steps)
+    operand_latency = _measure_operand_latency(devices, runs, fits, steps)
+    flops, flop_res, bandwidth, byte_res, overlap = _measure_roofline(
+        devices, plan["matmul"], runs, dispatch, steps
+    )
     first = devices[0]
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     mesh_shape = {str(k): int(v) for m in meshes for k, v in dict(m.shape).items()}
@@ -464,6 +567,8 @@ def _calibrate(mesh: Any, quick: bool, report: Callable[[float, str], None]) -> 
         expands_select_and_scatter=first.platform == "cpu",
         source=f"shardlab.calibrate(quick={quick}) on {calibration.devices_text}",
         op_overhead=per_op,
+        overlap=overlap,
+        operand_latency=operand_latency,
         collective_fits=tuple(fits),
         calibration=calibration,
     )
@@ -543,6 +648,16 @@ def _field(data: Mapping[str, Any], name: str, kind: Any, where: str, *, positiv
         )
         raise ProfileFileError(f"{where}: field {name!r} is {value!r}, expected {expected}")
     return value
+
+
+def _share(data: Mapping[str, Any], name: str, default: float, where: str, hint: str) -> float:
+    """A field from 0 to 1, ``default`` in files written before it was measured."""
+    value = data.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ProfileFileError(
+            f"{where}: field {name!r} is {value!r}, expected a number from 0 to 1 ({hint})"
+        )
+    return float(value)
 
 
 def _number_map(data: Mapping[str, Any], name: str, where: str) -> dict[str, float]:
@@ -645,6 +760,10 @@ def profile_from_dict(data: Any, *, where: str = "profile") -> DeviceProfile:
         expands_select_and_scatter=_field(data, "expands_select_and_scatter", bool, where),
         source=_field(data, "source", str, where),
         op_overhead=float(_field(data, "op_overhead", num, where)),
+        overlap=_share(data, "overlap", 1.0, where, "1: compute hides memory traffic"),
+        operand_latency=_share(
+            data, "operand_latency", 0.0, where, "0: a combined collective pays one latency"
+        ),
         collective_fits=tuple(fits),
         calibration=calibration,
     )

@@ -140,6 +140,9 @@ def combine_all_reduces(
             continue
         nbytes = old.bytes + c.bytes
         merged[key] = dataclasses.replace(
-            old, bytes=nbytes, wire_bytes=wire_bytes("all-reduce", nbytes, old.group_size)
+            old,
+            bytes=nbytes,
+            wire_bytes=wire_bytes("all-reduce", nbytes, old.group_size),
+            operands=old.operands + c.operands,
         )
     return out + list(merged.values())

@@ -143,7 +143,8 @@ class DeviceProfile(_Record):
         peak_flops: dense peak, flop/s, in the dtype models usually train in.
         memory_bytes: device memory.
         memory_bandwidth: bytes/s between device memory and the compute units; an operation
-            takes ``max(flops / peak_flops, bytes moved / memory_bandwidth)`` (roofline).
+            takes ``max(flops / peak_flops, bytes moved / memory_bandwidth)`` (roofline),
+            plus ``1 - overlap`` of the shorter of the two.
         link_bandwidth: bytes/s one device can send per direction within a group.
         link_latency: seconds per ring step (alpha).
         axis_bandwidth: per mesh axis overrides of ``link_bandwidth``.
@@ -157,6 +158,15 @@ class DeviceProfile(_Record):
         source: where the numbers come from.
         op_overhead: seconds every operation costs on top of its roofline (dispatching one
             kernel; measured by calibration, 0 for datasheet profiles).
+        overlap: how much of an operation's memory traffic its compute hides (1: the
+            roofline, whichever is slower; 0: the two add up, as on a CPU whose cores stall
+            on a matmul's weight stream). Measured by calibration (skinny matmuls near the
+            ridge point); 1 for datasheet profiles.
+        operand_latency: how much of a collective's latency each operand past the first of a
+            combined collective pays again, 0 to 1 (0: one latency for the tuple, as NCCL's
+            grouped calls; 1: the operands run as separate collectives, as XLA:CPU's do —
+            a 10-operand ``psum`` of small arrays costs about 10 single ones). Measured by
+            calibration; 0 for datasheet profiles.
         collective_fits: measured per kind (and per axis or group size) alpha-beta fits;
             where one matches a collective it replaces ``link_latency`` and the bandwidths.
         calibration: when, where and how the figures were measured (None: a datasheet).
@@ -174,6 +184,8 @@ class DeviceProfile(_Record):
     expands_select_and_scatter: bool = False
     source: str = ""
     op_overhead: float = 0.0
+    overlap: float = 1.0
+    operand_latency: float = 0.0
     collective_fits: tuple[CollectiveFit, ...] = ()
     calibration: Calibration | None = None
 
@@ -219,8 +231,10 @@ class DeviceProfile(_Record):
         return min(found) if found else self.link_bandwidth
 
     def op_time(self, flops: float, nbytes: float) -> float:
-        """Roofline seconds of one operation: compute- or memory-bound, whichever is slower."""
-        roofline = max(flops / self.peak_flops, nbytes / self.memory_bandwidth)
+        """Roofline seconds of one operation: compute- or memory-bound, whichever is slower,
+        plus the part of the other that does not overlap it (``overlap``)."""
+        compute, memory = flops / self.peak_flops, nbytes / self.memory_bandwidth
+        roofline = max(compute, memory) + (1.0 - self.overlap) * min(compute, memory)
         return roofline + self.op_overhead if roofline > 0 else roofline
 
     def collective_time(self, kind: str, wire: float, group_size: int, axes: tuple[str, ...]):
@@ -232,9 +246,14 @@ class DeviceProfile(_Record):
         return self.link_latency * ring_steps(kind, group_size) + wire / self.bandwidth(axes, kind)
 
     def time_of(self, collective: Collective) -> float:
-        """Alpha-beta seconds of a collective record, times how often it runs (``count``)."""
+        """Alpha-beta seconds of a collective record, times how often it runs (``count``);
+        each operand past the first pays ``operand_latency`` of the latency again."""
         c = collective
-        return c.count * self.collective_time(c.kind, c.wire_bytes, c.group_size, c.mesh_axes)
+        t = self.collective_time(c.kind, c.wire_bytes, c.group_size, c.mesh_axes)
+        if c.operands > 1 and self.operand_latency > 0:
+            latency = self.collective_time(c.kind, 0.0, c.group_size, c.mesh_axes)
+            t += (c.operands - 1) * self.operand_latency * latency
+        return c.count * t
 
     def replace(self, **changes: object) -> DeviceProfile:
         """A copy with some fields changed, e.g. ``profile.replace(link_bandwidth=50e9)``."""

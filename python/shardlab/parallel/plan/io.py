@@ -389,6 +389,7 @@ _COLLECTIVE_FIELDS = {
     "count",
     "hlo_name",
     "shape",
+    "operands",
 }
 
 
@@ -422,6 +423,9 @@ def _collective(raw: Any, sizes: dict[str, int], where: str) -> Collective:
         count=_int(raw.get("count", 1), f"{where}.count"),
         hlo_name=_str(raw.get("hlo_name", ""), f"{where}.hlo_name"),
         shape=_str(raw.get("shape", ""), f"{where}.shape"),
+        operands=_int(
+            raw.get("operands", 1), f"{where}.operands", low=1, what="a positive int"
+        ),
     )
 
 
