@@ -85,6 +85,7 @@ class _Propagator:
         # Layouts fixed on results (output shardings): the partitioner propagates them
         # back into the op computing the result.
         self.targets: dict[int, L.DimAxes] = {}
+        self.fixed: Mapping[int, L.DimAxes] = {}  # output layouts fixed for this pass
 
     # -- emitting --------------------------------------------------------------------------
     def emit(self, kind: str, nbytes: int, group: int, axes: tuple[str, ...]) -> None:
@@ -251,6 +252,7 @@ class _Propagator:
     def run(self, constraints: Mapping[int, L.DimAxes]) -> list[bool]:
         live = live_nodes(self.g)
         self.lv = liveness(self.g, live)
+        self.fixed = constraints
         for node in self.g.nodes:
             if not live[node.index]:
                 continue
@@ -462,6 +464,21 @@ class _Propagator:
                         continue
                     chosen[factor] = axes
                     used.update(axes)
+        # A result fixed to a layout (a pulled-back or planned constraint) that splits a
+        # dimension no operand split: XLA computes only the slice, slicing the replicated
+        # operands for free (an expert's share of a dot with a replicated weight), where
+        # computing it whole and slicing the result would do the work of every device.
+        # Cheap ops (``PULLED``) are split by pulling the layout back into their inputs.
+        fixed = self.fixed.get(node.outputs[0]) if len(node.outputs) == 1 else None
+        if fixed is not None and node.primitive not in PULLED:
+            wanted_factors = L.to_factors(fixed, rule.results[0], rule.factor_sizes, self.sizes)
+            for factor, axes in wanted_factors.items():
+                if factor in chosen or factor in rule.replicated or factor in rule.reduction:
+                    continue
+                if used & set(axes):
+                    continue
+                chosen[factor] = axes
+                used.update(axes)
         return chosen
 
     def control_flow(self, node: Node) -> None:
