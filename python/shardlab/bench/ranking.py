@@ -254,7 +254,7 @@ def run(cases: Sequence[examples.Case] | None = None, meshes=MESHES) -> str:
         "shardlab.bench.ranking`). Devices: "
         f"{device_text}. A quick `shardlab.calibrate()` at the start of the section "
         f"({calibration_seconds:.1f} s) gives the *calibrated* profile; the *datasheet* "
-        f"profile is `{datasheet.name}`. Each case × mesh of the search benchmark: every "
+        f"profile is `{datasheet.name}`. {_calibrated_figures(calibrated)} Each case × mesh of the search benchmark: every "
         "baseline and auto's plan (searched with the calibrated profile; `auto (datasheet)` "
         "searched with the datasheet one) run side by side in this process, "
         f"{ROUNDS} interleaved rounds of {RUNS} runs after {WARMUP} warm-up runs, median "
@@ -330,6 +330,19 @@ def run(cases: Sequence[examples.Case] | None = None, meshes=MESHES) -> str:
             )
     lines += ["", f"Total section time {time.perf_counter() - start:.0f} s."]
     return "\n".join(lines) + "\n"
+
+
+def _calibrated_figures(profile: DeviceProfile) -> str:
+    """The calibrated figures that vary most between runs, in words (to compare runs)."""
+    c = profile.calibration
+    fit = profile.fit_for("all-reduce", c.device_count, ("all",)) if c else None
+    latency = f", all-reduce latency {fit.alpha * 1e6:.0f} µs over all devices" if fit else ""
+    return (
+        f"Its figures: matmul {profile.peak_flops / 1e9:.1f} GFLOP/s and memory "
+        f"{profile.memory_bandwidth / 1e9:.2f} GB/s per device, overlap "
+        f"{profile.overlap:.2f}, each extra operand of a combined all-reduce "
+        f"{profile.operand_latency:.2f} of its latency{latency}."
+    )
 
 
 def _cores() -> int:

@@ -294,8 +294,8 @@ def _measure_operand_latency(
 ) -> float:
     """What each operand past the first of a combined all-reduce costs, as a share of one
     all-reduce's latency (0 to 1): a tuple ``psum`` of ``_OPERANDS`` small arrays over all
-    devices against a ``psum`` of one array of their total size, both less a program that
-    does nothing, over the all-reduce latency fitted on that group."""
+    devices against a ``psum`` of one array of their total size (the same bytes, one
+    operand), per extra operand, over the all-reduce latency fitted on that group."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding
@@ -321,11 +321,10 @@ def _measure_operand_latency(
 
         return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
 
-    nothing = jax.jit(jax.shard_map(lambda v: v[:1] + 0.0, mesh=mesh, in_specs=spec, out_specs=spec))
     small = jax.device_put(jnp.ones((elements * n,), jnp.float32), split)
     whole = jax.device_put(jnp.ones((elements * _OPERANDS * n,), jnp.float32), split)
-    tuple_time, one_time, empty = _interleaved_medians(
-        [(program(_OPERANDS), small), (program(1), whole), (nothing, small)], max(runs, 9)
+    tuple_time, one_time = _interleaved_medians(
+        [(program(_OPERANDS), small), (program(1), whole)], max(runs, 9)
     )
     progress.step("combined all-reduce operands")
     extra = (tuple_time - one_time) / (_OPERANDS - 1)
@@ -400,9 +399,7 @@ def _filled(shape: tuple[int, ...], sharding: Any) -> Any:
     return jax.device_put(jnp.full(shape, 0.5, jnp.float32), sharding)
 
 
-def _fit_roofline(
-    flops: Any, memory_seconds: Any, seconds: Any
-) -> tuple[float, float, float]:
+def _fit_roofline(flops: Any, memory_seconds: Any, seconds: Any) -> tuple[float, float, float]:
     """``(flop/s, overlap, residual)`` minimising the relative error of
     ``max(c, m) + (1 - overlap) · min(c, m)``, ``c = flops / rate``, ``m`` the memory time
     (``DeviceProfile.op_time``): a grid over overlap in [0, 1], the rate solved per overlap

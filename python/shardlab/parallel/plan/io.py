@@ -423,9 +423,7 @@ def _collective(raw: Any, sizes: dict[str, int], where: str) -> Collective:
         count=_int(raw.get("count", 1), f"{where}.count"),
         hlo_name=_str(raw.get("hlo_name", ""), f"{where}.hlo_name"),
         shape=_str(raw.get("shape", ""), f"{where}.shape"),
-        operands=_int(
-            raw.get("operands", 1), f"{where}.operands", low=1, what="a positive int"
-        ),
+        operands=_int(raw.get("operands", 1), f"{where}.operands", low=1, what="a positive int"),
     )
 
 
