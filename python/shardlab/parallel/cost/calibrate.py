@@ -68,11 +68,11 @@ class ProfileFileError(ValueError):
 # Quick: 3 sizes per collective (16 KiB – 8 MiB of result per device, the range of a small
 # model's gradients) and 9 runs; full: 6 sizes and 15 runs.
 _PLANS = {
-    True: {"sizes": (16 << 10, 512 << 10, 8 << 20), "runs": 9, "matmul": (128, 192, 256)},
+    True: {"sizes": (16 << 10, 512 << 10, 8 << 20), "runs": 9, "matmul": (256, 384, 512)},
     False: {
         "sizes": (4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20),
         "runs": 15,
-        "matmul": (128, 256, 384, 512),
+        "matmul": (256, 384, 512, 768),
     },
 }
 # Seconds per compile-and-measure of one figure on 8 simulated CPU devices (for the estimate).
@@ -289,24 +289,20 @@ def _measure_collectives(
 _OPERANDS = 8  # arrays in the tuple ``psum`` that measures a combined all-reduce's operands
 
 
-def _measure_operand_latency(
-    devices: Sequence[Any], runs: int, fits: Sequence[CollectiveFit], progress: _Progress
-) -> float:
+def _measure_operand_latency(devices: Sequence[Any], runs: int, progress: _Progress) -> float:
     """What each operand past the first of a combined all-reduce costs, as a share of one
     all-reduce's latency (0 to 1): a tuple ``psum`` of ``_OPERANDS`` small arrays over all
     devices against a ``psum`` of one array of their total size (the same bytes, one
-    operand), per extra operand, over the all-reduce latency fitted on that group."""
+    operand), per extra operand, over the latency of one more ``psum`` in a chain, all
+    timed in the same interleaved rounds (a ratio of figures taken apart would carry the
+    host's drift between them)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
     n = len(devices)
-    fit = next(
-        (f for f in fits if f.kind == "all-reduce" and f.group_size == n and f.axis == "all"),
-        None,
-    )
-    if fit is None or fit.alpha <= 0 or n < 2:
+    if n < 2:
         progress.step("combined all-reduce operands")
         return 0.0
     mesh = Mesh(np.array(devices).reshape(n), ("all",))
@@ -321,14 +317,27 @@ def _measure_operand_latency(
 
         return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
 
+    def chain(length: int) -> Callable[[Any], Any]:
+        body = _chain_body("all-reduce", "all", n, length)
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+
     small = jax.device_put(jnp.ones((elements * n,), jnp.float32), split)
     whole = jax.device_put(jnp.ones((elements * _OPERANDS * n,), jnp.float32), split)
-    tuple_time, one_time = _interleaved_medians(
-        [(program(_OPERANDS), small), (program(1), whole)], max(runs, 9)
+    tuple_time, one_time, short, long = _interleaved_medians(
+        [
+            (program(_OPERANDS), small),
+            (program(1), whole),
+            (chain(1), small),
+            (chain(_CHAIN), small),
+        ],
+        max(runs, 15),
     )
     progress.step("combined all-reduce operands")
+    latency = (long - short) / (_CHAIN - 1)
+    if latency <= 0:
+        return 0.0
     extra = (tuple_time - one_time) / (_OPERANDS - 1)
-    return float(min(max(extra / fit.alpha, 0.0), 1.0))
+    return float(min(max(extra / latency, 0.0), 1.0))
 
 
 def _measure_roofline(
@@ -521,7 +530,7 @@ def _calibrate(mesh: Any, quick: bool, report: Callable[[float, str], None]) -> 
     report(0.0, f"calibrating {len(devices)} devices")
     dispatch, per_op = _measure_overheads(devices, runs, steps)
     fits = _measure_collectives(axes, plan["sizes"], runs, steps)
-    operand_latency = _measure_operand_latency(devices, runs, fits, steps)
+    operand_latency = _measure_operand_latency(devices, runs, steps)
     flops, flop_res, bandwidth, byte_res, overlap = _measure_roofline(
         devices, plan["matmul"], runs, dispatch, steps
     )
