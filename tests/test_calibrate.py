@@ -184,6 +184,44 @@ def test_a_combined_all_reduce_is_priced_per_operand_as_measured(calibrated):
     assert one.time_of(record) == one.time_of(dataclasses.replace(record, operands=1))
 
 
+@pytest.mark.parametrize("features", [8, 16, 32])
+def test_narrow_convolutions_are_the_ones_xla_cpu_runs_off_its_fast_path(calibrated, features):
+    """XLA:CPU puts a convolution into a YNNPACK fusion only when its input or output
+    features exceed 16 per device; the narrower ones run on a slower path. The model's
+    rule (``layouts.narrow_convolution``, ``NARROW_FEATURES``) says the same of the jaxpr's
+    convolution as the compiled program shows, and prices it ``narrow_convolution`` times
+    slower (measured by the calibration, at least 1)."""
+    from shardlab.parallel.cost import layouts
+    from shardlab.parallel.graph.trace import trace
+
+    profile, _, _ = calibrated
+    x = jnp.ones((4, 8, 8, features))
+    k = jnp.ones((3, 3, features, features))
+
+    def conv(x, k):
+        return lax.conv_general_dilated(
+            x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+    hlo = jax.jit(conv).lower(x, k).compile().as_text()
+    on_fast_path = "__ynn_fusion" in hlo
+    g = trace(conv, x, k).graph
+    (node,) = [n for n in g.nodes if n.primitive == "conv_general_dilated"]
+    whole = [((), (), (), ())]
+    narrow = layouts.narrow_convolution(node, g.shapes, whole * 2, whole, {})
+    assert narrow == (not on_fast_path) == (features <= 16), (features, hlo[-2000:])
+    # the same convolution with its features split 4 ways is narrow from 64 features
+    split = [((), (), (), ("m",))]
+    g64 = trace(conv, jnp.ones((4, 8, 8, 64)), jnp.ones((3, 3, 64, 64))).graph
+    (node64,) = [n for n in g64.nodes if n.primitive == "conv_general_dilated"]
+    assert layouts.narrow_convolution(node64, g64.shapes, split * 2, split, {"m": 4})
+    assert not layouts.narrow_convolution(node64, g64.shapes, whole * 2, whole, {"m": 4})
+    assert profile.narrow_convolution >= 1.0
+    assert profile.op_time(1e9, 0.0, narrow=True) == pytest.approx(
+        1e9 / profile.peak_flops * profile.narrow_convolution + profile.op_overhead
+    )
+
+
 def test_the_roofline_fit_recovers_rate_and_overlap():
     """``_fit_roofline`` on times made by the model's own formula (square matmuls
     compute-bound, skinny ones memory-bound) finds the rate and overlap that made them."""
@@ -353,6 +391,7 @@ HOSTILE = [
     (_set("profile", "name", "cpu-sim"), "datasheet profile's name"),
     (_set("profile", "overlap", 1.5), "'overlap' is 1.5, expected a number from 0 to 1"),
     (_set("profile", "operand_latency", "all"), "'operand_latency' is 'all'"),
+    (_set("profile", "narrow_convolution", 0.5), "'narrow_convolution' is 0.5, expected"),
 ]
 
 

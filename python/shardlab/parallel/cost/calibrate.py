@@ -42,6 +42,7 @@ import numpy as np
 
 from shardlab.parallel.cost.profiles import (
     DEVICE_PROFILES,
+    NARROW_FEATURES,
     Calibration,
     CollectiveFit,
     DeviceProfile,
@@ -341,6 +342,39 @@ def _measure_operand_latency(devices: Sequence[Any], runs: int, progress: _Progr
     return float(min(max(extra / latency, 0.0), 1.0))
 
 
+def _measure_narrow_convolution(
+    devices: Sequence[Any], runs: int, dispatch: float, progress: _Progress
+) -> float:
+    """How many times slower a narrow convolution (``NARROW_FEATURES`` input and output
+    features per device) computes than a wider one of the same flops (twice the features,
+    a quarter of the batch), every device busy at once, less a program's launch; at
+    least 1."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    n = len(devices)
+    mesh = Mesh(np.array(devices).reshape(n), ("all",))
+    split = NamedSharding(mesh, P("all"))
+    whole = NamedSharding(mesh, P())
+    narrow = NARROW_FEATURES
+
+    def case(batch: int, features: int) -> tuple[Callable[[Any], Any], Any]:
+        kernel = jax.device_put(jnp.full((3, 3, features, features), 0.01, jnp.float32), whole)
+        conv = jax.jit(
+            lambda x, k=kernel: jax.lax.conv_general_dilated(
+                x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+            ),
+            out_shardings=split,
+        )
+        return conv, jax.device_put(jnp.ones((batch * n, 8, 8, features), jnp.float32), split)
+
+    slow, fast = _interleaved_medians([case(128, narrow), case(32, 2 * narrow)], runs)
+    progress.step("narrow convolutions")
+    return float(max((slow - dispatch) / max(fast - dispatch, 1e-6), 1.0))
+
+
 def _measure_roofline(
     devices: Sequence[Any], dims: Sequence[int], runs: int, dispatch: float, progress: _Progress
 ) -> tuple[float, float, float, float, float]:
@@ -467,7 +501,7 @@ def estimate_seconds(mesh: Any = None, *, quick: bool = True) -> float:
     meshes = [mesh] if mesh is not None else _default_meshes(devices)
     plan = _PLANS[quick]
     figures = len(_axes_to_measure(meshes)) * len(COLLECTIVE_KINDS) * len(plan["sizes"])
-    figures += len(plan["matmul"]) + 12
+    figures += len(plan["matmul"]) + 14
     scale = max(len(devices) / 8, 1.0) if jax.devices()[0].platform == "cpu" else 1.0
     return figures * _SECONDS_PER_FIGURE[quick] * scale
 
@@ -526,12 +560,13 @@ def _calibrate(mesh: Any, quick: bool, report: Callable[[float, str], None]) -> 
     devices = list(mesh.devices.flat) if mesh is not None else jax.devices()
     meshes = [mesh] if mesh is not None else _default_meshes(devices)
     axes = _axes_to_measure(meshes)
-    total = len(axes) * len(COLLECTIVE_KINDS) + 4
+    total = len(axes) * len(COLLECTIVE_KINDS) + 5
     steps = _Progress(report, total)
     report(0.0, f"calibrating {len(devices)} devices")
     dispatch, per_op = _measure_overheads(devices, runs, steps)
     fits = _measure_collectives(axes, plan["sizes"], runs, steps)
     operand_latency = _measure_operand_latency(devices, runs, steps)
+    narrow_convolution = _measure_narrow_convolution(devices, runs, dispatch, steps)
     flops, flop_res, bandwidth, byte_res, overlap = _measure_roofline(
         devices, plan["matmul"], runs, dispatch, steps
     )
@@ -576,6 +611,7 @@ def _calibrate(mesh: Any, quick: bool, report: Callable[[float, str], None]) -> 
         op_overhead=per_op,
         overlap=overlap,
         operand_latency=operand_latency,
+        narrow_convolution=narrow_convolution,
         collective_fits=tuple(fits),
         calibration=calibration,
     )
@@ -663,6 +699,18 @@ def _share(data: Mapping[str, Any], name: str, default: float, where: str, hint:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         raise ProfileFileError(
             f"{where}: field {name!r} is {value!r}, expected a number from 0 to 1 ({hint})"
+        )
+    return float(value)
+
+
+def _factor(data: Mapping[str, Any], name: str, where: str) -> float:
+    """A slowdown factor, at least 1 (1 in files written before it was measured)."""
+    value = data.get(name, 1.0)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value < 1:
+        raise ProfileFileError(
+            f"{where}: field {name!r} is {value!r}, expected a number of at least 1 "
+            "(1: as fast as the matmul rate)"
         )
     return float(value)
 
@@ -771,6 +819,7 @@ def profile_from_dict(data: Any, *, where: str = "profile") -> DeviceProfile:
         operand_latency=_share(
             data, "operand_latency", 0.0, where, "0: a combined collective pays one latency"
         ),
+        narrow_convolution=_factor(data, "narrow_convolution", where),
         collective_fits=tuple(fits),
         calibration=calibration,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -379,3 +380,31 @@ def _compact_halos(w: int, shards: int, start: int, o: int) -> list[int]:
         if not pairs:
             return widths
         widths.append(hi_all - lo_all)
+
+
+def narrow_convolution(
+    node: Any,
+    shapes: Any,
+    ins: Sequence[DimAxes],
+    outs: Sequence[DimAxes],
+    sizes: Mapping[str, int],
+) -> bool:
+    """Whether ``node`` is a convolution whose per-device input and output features are
+    both at most ``NARROW_FEATURES`` (laid out as ``ins``/``outs``): XLA:CPU computes those
+    off its fast path (``DeviceProfile.narrow_convolution``)."""
+    from shardlab.parallel.cost.profiles import NARROW_FEATURES
+
+    if node.primitive != "conv_general_dilated":
+        return False
+    numbers = node.params.get("dimension_numbers")
+    if numbers is None:
+        return False
+    lhs, out = node.inputs[0], node.outputs[0]
+    feature_in, feature_out = numbers.lhs_spec[1], numbers.out_spec[1]
+
+    def local(shape: Any, dims: DimAxes, d: int) -> int:
+        count = math.prod(sizes[a] for a in dims[d]) if dims and d < len(dims) else 1
+        return int(shape[d]) // max(1, count)
+
+    features = max(local(shapes[lhs], ins[0], feature_in), local(shapes[out], outs[0], feature_out))
+    return features <= NARROW_FEATURES

@@ -134,6 +134,12 @@ class Calibration(_Record):
         return f"calibrated {when} UTC on {self.devices_text}, mesh {mesh} ({mode})"
 
 
+NARROW_FEATURES = 16
+"""A convolution with at most this many input and output features per device runs off
+XLA:CPU's YNNPACK path (``IsConvolutionOpSupportedByYnn``: ``max(input, output features) <=
+16``)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class DeviceProfile(_Record):
     """Peak numbers of one accelerator and its interconnect.
@@ -167,6 +173,10 @@ class DeviceProfile(_Record):
             grouped calls; 1: the operands run as separate collectives, as XLA:CPU's do —
             a 10-operand ``psum`` of small arrays costs about 10 single ones). Measured by
             calibration; 0 for datasheet profiles.
+        narrow_convolution: how many times slower a convolution with at most
+            ``NARROW_FEATURES`` input and output features per device computes than the
+            rate (XLA:CPU runs those outside its YNNPACK library, on a slower path; measured
+            by calibration; 1 for datasheet profiles).
         collective_fits: measured per kind (and per axis or group size) alpha-beta fits;
             where one matches a collective it replaces ``link_latency`` and the bandwidths.
         calibration: when, where and how the figures were measured (None: a datasheet).
@@ -186,6 +196,7 @@ class DeviceProfile(_Record):
     op_overhead: float = 0.0
     overlap: float = 1.0
     operand_latency: float = 0.0
+    narrow_convolution: float = 1.0
     collective_fits: tuple[CollectiveFit, ...] = ()
     calibration: Calibration | None = None
 
@@ -230,10 +241,12 @@ class DeviceProfile(_Record):
             found.append(self.kind_bandwidth[kind])
         return min(found) if found else self.link_bandwidth
 
-    def op_time(self, flops: float, nbytes: float) -> float:
+    def op_time(self, flops: float, nbytes: float, *, narrow: bool = False) -> float:
         """Roofline seconds of one operation: compute- or memory-bound, whichever is slower,
-        plus the part of the other that does not overlap it (``overlap``)."""
-        compute, memory = flops / self.peak_flops, nbytes / self.memory_bandwidth
+        plus the part of the other that does not overlap it (``overlap``). ``narrow``: a
+        narrow convolution (``narrow_convolution``)."""
+        compute = flops / self.peak_flops * (self.narrow_convolution if narrow else 1.0)
+        memory = nbytes / self.memory_bandwidth
         roofline = max(compute, memory) + (1.0 - self.overlap) * min(compute, memory)
         return roofline + self.op_overhead if roofline > 0 else roofline
 

@@ -302,10 +302,12 @@ class _Propagator:
             self.resolve_partial(v)
         factor_axes = self.choose(node, rule)
         in_bytes, out_bytes = [], []
+        in_lays, out_lays = [], []
         # the result shape an elementwise op broadcasts size-1 operand dimensions to
         expands = self.g.shapes[node.outputs[0]] if node.primitive in ELEMENTWISE else None
         for v, dims in zip(node.inputs, rule.operands, strict=True):
             need = L.from_factors(dims, factor_axes, rule.factor_sizes, self.sizes)
+            in_lays.append(need)
             in_bytes.append(L.local_bytes(self.g.nbytes(v), need, self.sizes))
             if self.g.literal[v] is not None and not self.g.shapes[v]:
                 continue
@@ -313,6 +315,7 @@ class _Propagator:
         for v, dims in zip(node.outputs, rule.results, strict=True):
             lay = L.from_factors(dims, factor_axes, rule.factor_sizes, self.sizes)
             self.lay[v] = lay
+            out_lays.append(lay)
             out_bytes.append(L.local_bytes(self.g.nbytes(v), lay, self.sizes))
             part = tuple(a for f in sorted(rule.reduction) for a in factor_axes.get(f, ()))
             part = part + carried
@@ -320,13 +323,23 @@ class _Propagator:
                 self.partial[v] = part
         used = math.prod(self.sizes[a] for axes in factor_axes.values() for a in axes)
         self.flops += rule.flops / used * self.count
-        self.timed(node, rule.flops / used, in_bytes, out_bytes)
+        narrow = L.narrow_convolution(node, self.g.shapes, in_lays, out_lays, self.sizes)
+        self.timed(node, rule.flops / used, in_bytes, out_bytes, narrow=narrow)
 
-    def timed(self, node: Node, flops: float, in_bytes: list[int], out_bytes: list[int]) -> None:
-        """Add the node's roofline seconds (per-device flops, bytes it moves through memory)."""
+    def timed(
+        self,
+        node: Node,
+        flops: float,
+        in_bytes: list[int],
+        out_bytes: list[int],
+        *,
+        narrow: bool = False,
+    ) -> None:
+        """Add the node's roofline seconds (per-device flops, bytes it moves through memory;
+        ``narrow``: a convolution XLA:CPU computes off its fast path)."""
         assert self.lv is not None
         nbytes = traffic(self.g, self.lv, self.args, node, in_bytes, out_bytes)
-        self.seconds += self.profile.op_time(flops, nbytes) * self.count
+        self.seconds += self.profile.op_time(flops, nbytes, narrow=narrow) * self.count
 
     def _pieces(self, node: Node) -> tuple[int, list[tuple[int, int, int]]] | None:
         """A split's or unit-stride slice's sliced dimension and its pieces ``(result,
