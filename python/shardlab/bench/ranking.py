@@ -342,7 +342,8 @@ def _calibrated_figures(profile: DeviceProfile) -> str:
         f"Its figures: matmul {profile.peak_flops / 1e9:.1f} GFLOP/s and memory "
         f"{profile.memory_bandwidth / 1e9:.2f} GB/s per device, overlap "
         f"{profile.overlap:.2f}, each extra operand of a combined all-reduce "
-        f"{profile.operand_latency:.2f} of its latency{latency}."
+        f"{profile.operand_latency:.2f} of its latency{latency}, narrow convolutions "
+        f"{profile.narrow_convolution:.2f}× slower."
     )
 
 

@@ -60,6 +60,11 @@ def profile_summary(profile: DeviceProfile) -> str:
         + f"; memory {profile.memory_bandwidth / 1e9:.3g} GB/s per device"
         + (f" (fit residual {c.bandwidth_residual:.1%})" if c else "")
         + f"; compute hides {profile.overlap:.0%} of the memory traffic"
+        + (
+            f"; narrow convolutions {profile.narrow_convolution:.2g}× slower"
+            if profile.narrow_convolution != 1.0
+            else ""
+        )
     )
     overhead = f"per-op overhead {human_time(profile.op_overhead)}"
     if profile.operand_latency:
