@@ -350,7 +350,6 @@ def _measure_narrow_convolution(
     a quarter of the batch), every device busy at once, less a program's launch; at
     least 1."""
     import jax
-    import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
@@ -361,14 +360,14 @@ def _measure_narrow_convolution(
     narrow = NARROW_FEATURES
 
     def case(batch: int, features: int) -> tuple[Callable[[Any], Any], Any]:
-        kernel = jax.device_put(jnp.full((3, 3, features, features), 0.01, jnp.float32), whole)
+        kernel = _filled((3, 3, features, features), whole)
         conv = jax.jit(
             lambda x, k=kernel: jax.lax.conv_general_dilated(
                 x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
             ),
             out_shardings=split,
         )
-        return conv, jax.device_put(jnp.ones((batch * n, 8, 8, features), jnp.float32), split)
+        return conv, _filled((batch * n, 8, 8, features), split)
 
     slow, fast = _interleaved_medians([case(128, narrow), case(32, 2 * narrow)], runs)
     progress.step("narrow convolutions")
@@ -693,25 +692,17 @@ def _field(data: Mapping[str, Any], name: str, kind: Any, where: str, *, positiv
     return value
 
 
-def _share(data: Mapping[str, Any], name: str, default: float, where: str, hint: str) -> float:
-    """A field from 0 to 1, ``default`` in files written before it was measured."""
+def _measured(
+    data: Mapping[str, Any], name: str, default: float, where: str, bounds: tuple[float, float]
+) -> float:
+    """A measured figure within ``bounds``; ``default`` in files written before it was
+    measured."""
     value = data.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ProfileFileError(
-            f"{where}: field {name!r} is {value!r}, expected a number from 0 to 1 ({hint})"
-        )
-    return float(value)
-
-
-def _factor(data: Mapping[str, Any], name: str, where: str) -> float:
-    """A slowdown factor, at least 1 (1 in files written before it was measured)."""
-    value = data.get(name, 1.0)
+    low, high = bounds
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 1:
-        raise ProfileFileError(
-            f"{where}: field {name!r} is {value!r}, expected a number of at least 1 "
-            "(1: as fast as the matmul rate)"
-        )
+    if not ok or not math.isfinite(value) or not low <= value <= high:
+        within = f"from {low:g} to {high:g}" if math.isfinite(high) else f"of at least {low:g}"
+        raise ProfileFileError(f"{where}: field {name!r} is {value!r}, expected a number {within}")
     return float(value)
 
 
@@ -815,11 +806,9 @@ def profile_from_dict(data: Any, *, where: str = "profile") -> DeviceProfile:
         expands_select_and_scatter=_field(data, "expands_select_and_scatter", bool, where),
         source=_field(data, "source", str, where),
         op_overhead=float(_field(data, "op_overhead", num, where)),
-        overlap=_share(data, "overlap", 1.0, where, "1: compute hides memory traffic"),
-        operand_latency=_share(
-            data, "operand_latency", 0.0, where, "0: a combined collective pays one latency"
-        ),
-        narrow_convolution=_factor(data, "narrow_convolution", where),
+        overlap=_measured(data, "overlap", 1.0, where, (0.0, 1.0)),
+        operand_latency=_measured(data, "operand_latency", 0.0, where, (0.0, 1.0)),
+        narrow_convolution=_measured(data, "narrow_convolution", 1.0, where, (1.0, math.inf)),
         collective_fits=tuple(fits),
         calibration=calibration,
     )

@@ -15,6 +15,7 @@ from typing import Any
 
 from jax.sharding import NamedSharding, PartitionSpec
 
+from shardlab.parallel.cost.profiles import NARROW_FEATURES
 from shardlab.parallel.specs import spec_entries
 
 DimAxes = tuple[tuple[str, ...], ...]
@@ -392,8 +393,6 @@ def narrow_convolution(
     """Whether ``node`` is a convolution whose per-device input and output features are
     both at most ``NARROW_FEATURES`` (laid out as ``ins``/``outs``): XLA:CPU computes those
     off its fast path (``DeviceProfile.narrow_convolution``)."""
-    from shardlab.parallel.cost.profiles import NARROW_FEATURES
-
     if node.primitive != "conv_general_dilated":
         return False
     numbers = node.params.get("dimension_numbers")

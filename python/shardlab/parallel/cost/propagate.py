@@ -486,9 +486,8 @@ class _Propagator:
         if fixed is not None and node.primitive not in PULLED:
             wanted_factors = L.to_factors(fixed, rule.results[0], rule.factor_sizes, self.sizes)
             for factor, axes in wanted_factors.items():
-                if factor in chosen or factor in rule.replicated or factor in rule.reduction:
-                    continue
-                if used & set(axes):
+                taken = factor in chosen or used & set(axes)
+                if taken or factor in rule.replicated or factor in rule.reduction:
                     continue
                 chosen[factor] = axes
                 used.update(axes)
