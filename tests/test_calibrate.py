@@ -188,9 +188,9 @@ def test_a_combined_all_reduce_is_priced_per_operand_as_measured(calibrated):
 def test_narrow_convolutions_are_the_ones_xla_cpu_runs_off_its_fast_path(calibrated, features):
     """XLA:CPU puts a convolution into a YNNPACK fusion only when its input or output
     features exceed 16 per device; the narrower ones run on a slower path. The model's
-    rule (``layouts.narrow_convolution``, ``NARROW_FEATURES``) says the same of the jaxpr's
-    convolution as the compiled program shows, and prices it ``narrow_convolution`` times
-    slower (measured by the calibration, at least 1)."""
+    rule (``NARROW_FEATURES`` of ``layouts.convolution_features``) says the same of the
+    jaxpr's convolution as the compiled program shows, and prices it ``narrow_convolution``
+    times slower than one of twice the features (measured by the calibration, at least 1)."""
     from shardlab.parallel.cost import layouts
     from shardlab.parallel.graph.trace import trace
 
@@ -208,18 +208,73 @@ def test_narrow_convolutions_are_the_ones_xla_cpu_runs_off_its_fast_path(calibra
     g = trace(conv, x, k).graph
     (node,) = [n for n in g.nodes if n.primitive == "conv_general_dilated"]
     whole = [((), (), (), ())]
-    narrow = layouts.narrow_convolution(node, g.shapes, whole * 2, whole, {})
+    found = layouts.convolution_features(node, g.shapes, whole * 2, whole, {})
+    assert found == (features, features)
+    narrow = max(found) <= sp.NARROW_FEATURES
     assert narrow == (not on_fast_path) == (features <= 16), (features, hlo[-2000:])
     # the same convolution with its features split 4 ways is narrow from 64 features
     split = [((), (), (), ("m",))]
     g64 = trace(conv, jnp.ones((4, 8, 8, 64)), jnp.ones((3, 3, 64, 64))).graph
     (node64,) = [n for n in g64.nodes if n.primitive == "conv_general_dilated"]
-    assert layouts.narrow_convolution(node64, g64.shapes, split * 2, split, {"m": 4})
-    assert not layouts.narrow_convolution(node64, g64.shapes, whole * 2, whole, {"m": 4})
-    assert profile.narrow_convolution >= 1.0
-    assert profile.op_time(1e9, 0.0, narrow=True) == pytest.approx(
-        1e9 / profile.peak_flops * profile.narrow_convolution + profile.op_overhead
+    assert layouts.convolution_features(node64, g64.shapes, split * 2, split, {"m": 4}) == (
+        16,
+        16,
     )
+    assert layouts.convolution_features(node64, g64.shapes, whole * 2, whole, {"m": 4}) == (
+        64,
+        64,
+    )
+    assert profile.narrow_convolution >= 1.0
+    assert profile.convolution_factor(16, 16) == pytest.approx(
+        profile.narrow_convolution * profile.convolution_factor(32, 32)
+    )
+    assert profile.op_time(1e9, 0.0, features=(16, 16)) == pytest.approx(
+        1e9 / profile.peak_flops * profile.convolution_factor(16, 16) + profile.op_overhead
+    )
+    assert sp.DEVICE_PROFILES["cpu-sim"].convolution_factor(4, 4) == 1.0
+
+
+def test_a_convolution_with_fewer_output_features_is_priced_slower_as_measured(calibrated):
+    """Five convolutions of the same flops, every device busy at once: thin ones (few output
+    features per device) and narrow ones (few of both) run several times slower than a wide
+    one. The calibrated ``convolution_factor`` orders them as measured and is within 2.5×
+    of each measured slowdown; ``narrow_convolution`` alone (one factor for every narrow
+    convolution, none for thin ones) is 4× under the thinnest narrow one here."""
+    profile, _, _ = calibrated
+    assert 0.0 <= profile.feature_overhead <= 4.0
+    mesh = Mesh(np.array(jax.devices()).reshape(8), ("all",))
+    split, whole = NamedSharding(mesh, P("all")), NamedSharding(mesh, P())
+    shapes = [(32, 32), (64, 16), (64, 4), (16, 16), (16, 4)]  # (in, out) features
+
+    def case(features_in, features_out):
+        batch = 64 * 16 * 16 // (features_in * features_out)  # the same flops
+        k = jax.device_put(jnp.ones((3, 3, features_in, features_out)), whole)
+        conv = jax.jit(
+            lambda x, k=k: lax.conv_general_dilated(
+                x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+            ),
+            out_shardings=split,
+        )
+        return conv, jax.device_put(jnp.ones((8 * batch, 8, 8, features_in)), split)
+
+    cases = [case(*f) for f in shapes]
+    dispatch = profile.calibration.dispatch
+    predicted = [profile.convolution_factor(*f) / profile.convolution_factor(32, 32) for f in shapes]
+    for _ in range(2):  # the host is shared: two tries
+        times = [t - dispatch for t in _interleaved_medians(cases, 9)]
+        measured = [t / times[0] for t in times]
+        tau = _kendall(predicted, measured)
+        close = all(1 / 2.5 < p / m < 2.5 for p, m in zip(predicted, measured, strict=True))
+        if tau >= 0.6 and close:
+            break
+    assert tau >= 0.6, (shapes, predicted, measured)
+    assert close, (shapes, predicted, measured)
+
+
+def _kendall(a, b):
+    from shardlab.bench.ranking import kendall_tau
+
+    return kendall_tau(a, b)
 
 
 def test_the_roofline_fit_recovers_rate_and_overlap():
@@ -392,6 +447,7 @@ HOSTILE = [
     (_set("profile", "overlap", 1.5), "'overlap' is 1.5, expected a number from 0 to 1"),
     (_set("profile", "operand_latency", "all"), "'operand_latency' is 'all'"),
     (_set("profile", "narrow_convolution", 0.5), "'narrow_convolution' is 0.5, expected"),
+    (_set("profile", "feature_overhead", -1), "'feature_overhead' is -1, expected"),
 ]
 
 

@@ -343,7 +343,10 @@ def _calibrated_figures(profile: DeviceProfile) -> str:
         f"{profile.memory_bandwidth / 1e9:.2f} GB/s per device, overlap "
         f"{profile.overlap:.2f}, each extra operand of a combined all-reduce "
         f"{profile.operand_latency:.2f} of its latency{latency}, narrow convolutions "
-        f"{profile.narrow_convolution:.2f}× slower."
+        f"{profile.narrow_convolution:.2f}× slower, convolution feature overhead "
+        f"{profile.feature_overhead:.2f} (4 output features per device "
+        f"{profile.convolution_factor(64, 4) / profile.convolution_factor(64, 64):.2f}× "
+        "slower than 64)."
     )
 
 

@@ -65,6 +65,13 @@ def profile_summary(profile: DeviceProfile) -> str:
             if profile.narrow_convolution != 1.0
             else ""
         )
+        + (
+            f"; a convolution with 4 output features per device "
+            f"{profile.convolution_factor(64, 4) / profile.convolution_factor(64, 64):.2g}× "
+            "slower than with 64"
+            if profile.feature_overhead
+            else ""
+        )
     )
     overhead = f"per-op overhead {human_time(profile.op_overhead)}"
     if profile.operand_latency:

@@ -342,13 +342,15 @@ def _measure_operand_latency(devices: Sequence[Any], runs: int, progress: _Progr
     return float(min(max(extra / latency, 0.0), 1.0))
 
 
-def _measure_narrow_convolution(
+def _measure_convolutions(
     devices: Sequence[Any], runs: int, dispatch: float, progress: _Progress
-) -> float:
-    """How many times slower a narrow convolution (``NARROW_FEATURES`` input and output
-    features per device) computes than a wider one of the same flops (twice the features,
-    a quarter of the batch), every device busy at once, less a program's launch; at
-    least 1."""
+) -> tuple[float, float]:
+    """``(narrow_convolution, feature_overhead)``: three convolutions of the same flops,
+    every device busy at once, less a program's launch, timed in the same rounds: a narrow
+    one (``NARROW_FEATURES`` input and output features per device), a wide one (twice the
+    features) and a thin one (four times the input features, a quarter of the output
+    features). Narrow against wide is ``narrow_convolution`` (at least 1); thin against
+    wide, ``(1 + 4a) / (1 + a/2)``, gives ``feature_overhead`` ``a`` (0 to 4)."""
     import jax
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -359,19 +361,30 @@ def _measure_narrow_convolution(
     whole = NamedSharding(mesh, P())
     narrow = NARROW_FEATURES
 
-    def case(batch: int, features: int) -> tuple[Callable[[Any], Any], Any]:
-        kernel = _filled((3, 3, features, features), whole)
+    def case(batch: int, features_in: int, features_out: int) -> tuple[Any, Any]:
+        kernel = _filled((3, 3, features_in, features_out), whole)
         conv = jax.jit(
             lambda x, k=kernel: jax.lax.conv_general_dilated(
                 x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
             ),
             out_shardings=split,
         )
-        return conv, _filled((batch * n, 8, 8, features), split)
+        return conv, _filled((batch * n, 8, 8, features_in), split)
 
-    slow, fast = _interleaved_medians([case(128, narrow), case(32, 2 * narrow)], runs)
-    progress.step("narrow convolutions")
-    return float(max((slow - dispatch) / max(fast - dispatch, 1e-6), 1.0))
+    slow, fast, thin = _interleaved_medians(
+        [
+            case(128, narrow, narrow),
+            case(32, 2 * narrow, 2 * narrow),
+            case(128, 4 * narrow, narrow // 4),
+        ],
+        runs,
+    )
+    progress.step("convolutions")
+    wide = max(fast - dispatch, 1e-6)
+    narrow_factor = max((slow - dispatch) / wide, 1.0)
+    ratio = min(max((thin - dispatch) / wide, 1.0), 7.0)
+    overhead = min((ratio - 1.0) / (4.0 - ratio / 2.0), 4.0)
+    return float(narrow_factor), float(overhead)
 
 
 def _measure_roofline(
@@ -565,7 +578,9 @@ def _calibrate(mesh: Any, quick: bool, report: Callable[[float, str], None]) -> 
     dispatch, per_op = _measure_overheads(devices, runs, steps)
     fits = _measure_collectives(axes, plan["sizes"], runs, steps)
     operand_latency = _measure_operand_latency(devices, runs, steps)
-    narrow_convolution = _measure_narrow_convolution(devices, runs, dispatch, steps)
+    narrow_convolution, feature_overhead = _measure_convolutions(
+        devices, runs, dispatch, steps
+    )
     flops, flop_res, bandwidth, byte_res, overlap = _measure_roofline(
         devices, plan["matmul"], runs, dispatch, steps
     )
@@ -611,6 +626,7 @@ def _calibrate(mesh: Any, quick: bool, report: Callable[[float, str], None]) -> 
         overlap=overlap,
         operand_latency=operand_latency,
         narrow_convolution=narrow_convolution,
+        feature_overhead=feature_overhead,
         collective_fits=tuple(fits),
         calibration=calibration,
     )
@@ -809,6 +825,7 @@ def profile_from_dict(data: Any, *, where: str = "profile") -> DeviceProfile:
         overlap=_measured(data, "overlap", 1.0, where, (0.0, 1.0)),
         operand_latency=_measured(data, "operand_latency", 0.0, where, (0.0, 1.0)),
         narrow_convolution=_measured(data, "narrow_convolution", 1.0, where, (1.0, math.inf)),
+        feature_overhead=_measured(data, "feature_overhead", 0.0, where, (0.0, math.inf)),
         collective_fits=tuple(fits),
         calibration=calibration,
     )

@@ -15,7 +15,6 @@ from typing import Any
 
 from jax.sharding import NamedSharding, PartitionSpec
 
-from shardlab.parallel.cost.profiles import NARROW_FEATURES
 from shardlab.parallel.specs import spec_entries
 
 DimAxes = tuple[tuple[str, ...], ...]
@@ -383,27 +382,28 @@ def _compact_halos(w: int, shards: int, start: int, o: int) -> list[int]:
         widths.append(hi_all - lo_all)
 
 
-def narrow_convolution(
+def convolution_features(
     node: Any,
     shapes: Any,
     ins: Sequence[DimAxes],
     outs: Sequence[DimAxes],
     sizes: Mapping[str, int],
-) -> bool:
-    """Whether ``node`` is a convolution whose per-device input and output features are
-    both at most ``NARROW_FEATURES`` (laid out as ``ins``/``outs``): XLA:CPU computes those
-    off its fast path (``DeviceProfile.narrow_convolution``)."""
+) -> tuple[int, int] | None:
+    """A convolution's per-device input and output features (its operand and result laid
+    out as ``ins``/``outs``), which set how fast it runs
+    (``DeviceProfile.convolution_factor``); None for any other op."""
     if node.primitive != "conv_general_dilated":
-        return False
+        return None
     numbers = node.params.get("dimension_numbers")
     if numbers is None:
-        return False
+        return None
     lhs, out = node.inputs[0], node.outputs[0]
-    feature_in, feature_out = numbers.lhs_spec[1], numbers.out_spec[1]
 
     def local(shape: Any, dims: DimAxes, d: int) -> int:
         count = math.prod(sizes[a] for a in dims[d]) if dims and d < len(dims) else 1
         return int(shape[d]) // max(1, count)
 
-    features = max(local(shapes[lhs], ins[0], feature_in), local(shapes[out], outs[0], feature_out))
-    return features <= NARROW_FEATURES
+    return (
+        local(shapes[lhs], ins[0], numbers.lhs_spec[1]),
+        local(shapes[out], outs[0], numbers.out_spec[1]),
+    )

@@ -174,9 +174,16 @@ class DeviceProfile(_Record):
             a 10-operand ``psum`` of small arrays costs about 10 single ones). Measured by
             calibration; 0 for datasheet profiles.
         narrow_convolution: how many times slower a convolution with at most
-            ``NARROW_FEATURES`` input and output features per device computes than the
-            rate (XLA:CPU runs those outside its YNNPACK library, on a slower path; measured
-            by calibration; 1 for datasheet profiles).
+            ``NARROW_FEATURES`` input and output features per device computes than one
+            with twice the features and the same flops (XLA:CPU runs those outside its
+            YNNPACK library, on a slower path; measured by calibration; 1 for datasheet
+            profiles). Its cost grows as ``feature_overhead``'s does with fewer output
+            features (``convolution_factor``).
+        feature_overhead: a convolution with ``f`` output features per device computes
+            ``1 + feature_overhead * NARROW_FEATURES / f`` times slower than the rate: it
+            gathers each output's window of inputs, work that does not shrink with ``f``
+            (measured by calibration: 4 output features against 32, the same flops; 0 for
+            datasheet profiles).
         collective_fits: measured per kind (and per axis or group size) alpha-beta fits;
             where one matches a collective it replaces ``link_latency`` and the bandwidths.
         calibration: when, where and how the figures were measured (None: a datasheet).
@@ -197,6 +204,7 @@ class DeviceProfile(_Record):
     overlap: float = 1.0
     operand_latency: float = 0.0
     narrow_convolution: float = 1.0
+    feature_overhead: float = 0.0
     collective_fits: tuple[CollectiveFit, ...] = ()
     calibration: Calibration | None = None
 
@@ -241,14 +249,29 @@ class DeviceProfile(_Record):
             found.append(self.kind_bandwidth[kind])
         return min(found) if found else self.link_bandwidth
 
-    def op_time(self, flops: float, nbytes: float, *, narrow: bool = False) -> float:
+    def op_time(
+        self, flops: float, nbytes: float, *, features: tuple[int, int] | None = None
+    ) -> float:
         """Roofline seconds of one operation: compute- or memory-bound, whichever is slower,
-        plus the part of the other that does not overlap it (``overlap``). ``narrow``: a
-        narrow convolution (``narrow_convolution``)."""
-        compute = flops / self.peak_flops * (self.narrow_convolution if narrow else 1.0)
+        plus the part of the other that does not overlap it (``overlap``). ``features``: a
+        convolution's per-device input and output features (``convolution_factor``)."""
+        compute = flops / self.peak_flops
+        if features is not None:
+            compute *= self.convolution_factor(*features)
         memory = nbytes / self.memory_bandwidth
         roofline = max(compute, memory) + (1.0 - self.overlap) * min(compute, memory)
         return roofline + self.op_overhead if roofline > 0 else roofline
+
+    def convolution_factor(self, features_in: int, features_out: int) -> float:
+        """How many times slower than the rate a convolution with these per-device input
+        and output features computes: ``1 + slope * NARROW_FEATURES / features_out``, the
+        slope ``feature_overhead``, or on the narrow path (both at most
+        ``NARROW_FEATURES``) the slope that makes it ``narrow_convolution`` times slower than
+        a convolution of twice the features (how calibration measures it)."""
+        slope = self.feature_overhead
+        if max(features_in, features_out) <= NARROW_FEATURES:
+            slope = self.narrow_convolution * (1.0 + self.feature_overhead / 2.0) - 1.0
+        return 1.0 + slope * NARROW_FEATURES / max(features_out, 1)
 
     def collective_time(self, kind: str, wire: float, group_size: int, axes: tuple[str, ...]):
         """Alpha-beta seconds for one collective (a measured fit where one matches)."""

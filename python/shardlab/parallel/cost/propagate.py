@@ -323,8 +323,8 @@ class _Propagator:
                 self.partial[v] = part
         used = math.prod(self.sizes[a] for axes in factor_axes.values() for a in axes)
         self.flops += rule.flops / used * self.count
-        narrow = L.narrow_convolution(node, self.g.shapes, in_lays, out_lays, self.sizes)
-        self.timed(node, rule.flops / used, in_bytes, out_bytes, narrow=narrow)
+        features = L.convolution_features(node, self.g.shapes, in_lays, out_lays, self.sizes)
+        self.timed(node, rule.flops / used, in_bytes, out_bytes, features=features)
 
     def timed(
         self,
@@ -333,13 +333,13 @@ class _Propagator:
         in_bytes: list[int],
         out_bytes: list[int],
         *,
-        narrow: bool = False,
+        features: tuple[int, int] | None = None,
     ) -> None:
         """Add the node's roofline seconds (per-device flops, bytes it moves through memory;
-        ``narrow``: a convolution XLA:CPU computes off its fast path)."""
+        ``features``: a convolution's per-device input and output features)."""
         assert self.lv is not None
         nbytes = traffic(self.g, self.lv, self.args, node, in_bytes, out_bytes)
-        self.seconds += self.profile.op_time(flops, nbytes, narrow=narrow) * self.count
+        self.seconds += self.profile.op_time(flops, nbytes, features=features) * self.count
 
     def _pieces(self, node: Node) -> tuple[int, list[tuple[int, int, int]]] | None:
         """A split's or unit-stride slice's sliced dimension and its pieces ``(result,

@@ -150,8 +150,8 @@ class Candidates:
                     for v, lay in zip(node.outputs, outs, strict=True)
                 ],
             )
-            narrow = L.narrow_convolution(node, self.g.shapes, ins, outs, self.sizes)
-            cost = self.profile.op_time(rule.flops / used, nbytes, narrow=narrow) + comm
+            features = L.convolution_features(node, self.g.shapes, ins, outs, self.sizes)
+            cost = self.profile.op_time(rule.flops / used, nbytes, features=features) + comm
             label = _label(outs, ins, partial, node.inputs, self.g)
             key = (tuple(outs), ins)
             old = cands.get(key)
