@@ -259,7 +259,9 @@ def test_a_convolution_with_fewer_output_features_is_priced_slower_as_measured(c
 
     cases = [case(*f) for f in shapes]
     dispatch = profile.calibration.dispatch
-    predicted = [profile.convolution_factor(*f) / profile.convolution_factor(32, 32) for f in shapes]
+    predicted = [
+        profile.convolution_factor(*f) / profile.convolution_factor(32, 32) for f in shapes
+    ]
     for _ in range(2):  # the host is shared: two tries
         times = [t - dispatch for t in _interleaved_medians(cases, 9)]
         measured = [t / times[0] for t in times]

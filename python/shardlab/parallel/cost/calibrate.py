@@ -578,9 +578,7 @@ def _calibrate(mesh: Any, quick: bool, report: Callable[[float, str], None]) -> 
     dispatch, per_op = _measure_overheads(devices, runs, steps)
     fits = _measure_collectives(axes, plan["sizes"], runs, steps)
     operand_latency = _measure_operand_latency(devices, runs, steps)
-    narrow_convolution, feature_overhead = _measure_convolutions(
-        devices, runs, dispatch, steps
-    )
+    narrow_convolution, feature_overhead = _measure_convolutions(devices, runs, dispatch, steps)
     flops, flop_res, bandwidth, byte_res, overlap = _measure_roofline(
         devices, plan["matmul"], runs, dispatch, steps
     )
