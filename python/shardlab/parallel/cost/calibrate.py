@@ -59,6 +59,7 @@ FORMAT = "shardlab-device-profile"
 VERSION = 1
 _F32 = 4
 _CHAIN = 9  # collectives in the chain that measures a collective's latency
+_LATENCY_RUNS = 15  # rounds, at least, of the programs that measure collectives
 _NOISE_FLOOR = 50e-6  # seconds: below this, a difference of two medians is mostly noise
 
 
@@ -94,8 +95,10 @@ def _median_seconds(f: Callable[..., Any], x: Any, runs: int) -> float:
     return float(np.median(times))
 
 
-def _interleaved_medians(cases: Sequence[tuple[Callable[..., Any], Any]], runs: int) -> list[float]:
-    """Median wall seconds of each ``f(x)``, timed in rounds that run every case once
+def _interleaved_times(
+    cases: Sequence[tuple[Callable[..., Any], Any]], runs: int
+) -> list[list[float]]:
+    """Wall seconds of each ``f(x)`` per round, timed in rounds that run every case once
     (after one warm-up run each), so a burst of other work on the host spreads over all
     cases instead of skewing one."""
     import jax
@@ -108,7 +111,18 @@ def _interleaved_medians(cases: Sequence[tuple[Callable[..., Any], Any]], runs: 
             start = time.perf_counter()
             jax.block_until_ready(f(x))
             times[i].append(time.perf_counter() - start)
-    return [float(np.median(t)) for t in times]
+    return times
+
+
+def _interleaved_medians(cases: Sequence[tuple[Callable[..., Any], Any]], runs: int) -> list[float]:
+    """Median wall seconds of each ``f(x)`` over ``_interleaved_times``' rounds."""
+    return [float(np.median(t)) for t in _interleaved_times(cases, runs)]
+
+
+def _paired_difference(long: Sequence[float], short: Sequence[float]) -> float:
+    """The median over rounds of ``long - short`` timed in the same round: a burst on the
+    host that hits some rounds moves it less than it moves a difference of medians."""
+    return float(np.median(np.subtract(long, short)))
 
 
 def _fit_line(
@@ -263,14 +277,14 @@ def _measure_collectives(
                     _chain_body(kind, axis, n, _CHAIN), mesh=mesh, in_specs=spec, out_specs=spec
                 )
             )
-            *times, empty, long = _interleaved_medians(
-                [*cases, (nothing, cases[0][1]), (chain, cases[0][1])], runs
+            *rounds, empty, long = _interleaved_times(
+                [*cases, (nothing, cases[0][1]), (chain, cases[0][1])], max(runs, _LATENCY_RUNS)
             )
-            short = times[0]  # the chain of one: the smallest size's program
-            seconds = [max(t - empty, 1e-6) for t in times]
+            seconds = [max(float(np.median(t)) - float(np.median(empty)), 1e-6) for t in rounds]
             del cases, chain
             progress.step(f"{kind} over {axis} ({n} devices)")
-            alpha = max((long - short) / (_CHAIN - 1), 0.0)
+            # the chain of one is the smallest size's program
+            alpha = max(_paired_difference(long, rounds[0]) / (_CHAIN - 1), 0.0)
             _, beta, _ = _fit_line(wires, [max(t - alpha, 1e-6) for t in seconds], intercept=False)
             residual = _relative_rms(alpha + beta * np.asarray(wires), seconds)
             fits.append(
@@ -325,20 +339,20 @@ def _measure_operand_latency(devices: Sequence[Any], runs: int, progress: _Progr
 
     small = jax.device_put(jnp.ones((elements * n,), jnp.float32), split)
     whole = jax.device_put(jnp.ones((elements * _OPERANDS * n,), jnp.float32), split)
-    tuple_time, one_time, short, long = _interleaved_medians(
+    tuple_time, one_time, short, long = _interleaved_times(
         [
             (program(_OPERANDS), small),
             (program(1), whole),
             (chain(1), small),
             (chain(_CHAIN), small),
         ],
-        max(runs, 15),
+        max(runs, _LATENCY_RUNS),
     )
     progress.step("combined all-reduce operands")
-    latency = (long - short) / (_CHAIN - 1)
+    latency = _paired_difference(long, short) / (_CHAIN - 1)
     if latency <= 0:
         return 0.0
-    extra = (tuple_time - one_time) / (_OPERANDS - 1)
+    extra = _paired_difference(tuple_time, one_time) / (_OPERANDS - 1)
     return float(min(max(extra / latency, 0.0), 1.0))
 
 
