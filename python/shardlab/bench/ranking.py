@@ -29,11 +29,9 @@ import jax
 import numpy as np
 
 from shardlab import examples
-from shardlab.parallel.cost import layouts as L
-from shardlab.parallel.cost.predict import layout_cost
 from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile
 from shardlab.parallel.mesh import mesh as make_mesh
-from shardlab.parallel.mesh import mesh_shape_of
+from shardlab.parallel.plan.fixed import partitioned_cost
 from shardlab.parallel.plan.plan import Plan
 from shardlab.parallel.search.baselines import baselines
 from shardlab.parallel.search.confirm import plan_key
@@ -65,23 +63,8 @@ class Ranked:
 
 def reprice(plan: Plan, profile: DeviceProfile) -> float:
     """The cost model's step seconds of ``plan``'s layouts and constraints under
-    ``profile`` (``layout_cost``, what ``predict`` and the baselines use)."""
-    assert plan.binding is not None
-    g = plan.binding.graph
-    constraints: dict[int, L.DimAxes] = {}
-    for index, _, outs in plan.constraints:
-        for var, lay in zip(g.nodes[index].outputs, outs, strict=False):
-            if lay is not None:
-                constraints[var] = lay
-    cost, _ = layout_cost(
-        g,
-        list(plan.input_specs),
-        mesh_shape_of(plan.binding.mesh),
-        profile,
-        constraints=constraints or None,
-        output_layouts=list(plan.output_specs),
-    )
-    return cost.time
+    ``profile`` (``partitioned_cost``: what ``predict`` and the baselines use)."""
+    return partitioned_cost(plan, profile).time
 
 
 def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:

@@ -59,7 +59,7 @@ FORMAT = "shardlab-device-profile"
 VERSION = 1
 _F32 = 4
 _CHAIN = 9  # collectives in the chain that measures a collective's latency
-_LATENCY_RUNS = 15  # rounds, at least, of the programs that measure collectives
+_LATENCY_RUNS = 15  # rounds, at least, of the programs compared within each round
 _NOISE_FLOOR = 50e-6  # seconds: below this, a difference of two medians is mostly noise
 
 
@@ -385,18 +385,21 @@ def _measure_convolutions(
         )
         return conv, _filled((batch * n, 8, 8, features_in), split)
 
-    slow, fast, thin = _interleaved_medians(
-        [
-            case(128, narrow, narrow),
-            case(32, 2 * narrow, 2 * narrow),
-            case(128, 4 * narrow, narrow // 4),
-        ],
-        runs,
+    slow, fast, thin = (
+        np.maximum(np.asarray(t) - dispatch, 1e-6)
+        for t in _interleaved_times(
+            [
+                case(128, narrow, narrow),
+                case(32, 2 * narrow, 2 * narrow),
+                case(128, 4 * narrow, narrow // 4),
+            ],
+            max(runs, _LATENCY_RUNS),
+        )
     )
     progress.step("convolutions")
-    wide = max(fast - dispatch, 1e-6)
-    narrow_factor = max((slow - dispatch) / wide, 1.0)
-    ratio = min(max((thin - dispatch) / wide, 1.0), 7.0)
+    # ratios within each round, then their median (as ``_paired_difference``)
+    narrow_factor = max(float(np.median(slow / fast)), 1.0)
+    ratio = min(max(float(np.median(thin / fast)), 1.0), 7.0)
     overhead = min((ratio - 1.0) / (4.0 - ratio / 2.0), 4.0)
     return float(narrow_factor), float(overhead)
 

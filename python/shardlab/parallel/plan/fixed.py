@@ -20,6 +20,7 @@ from shardlab.parallel.graph.trace import Traced
 from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.plan.binding import Binding
 from shardlab.parallel.plan.plan import Plan
+from shardlab.parallel.records import CostBreakdown
 
 
 def fixed_plan(
@@ -78,3 +79,26 @@ def fixed_plan(
         search_time=time.perf_counter() - start,
         notes=tuple(notes),
     )
+
+
+def partitioned_cost(plan: Plan, device: str | DeviceProfile | None = None) -> CostBreakdown:
+    """The cost model's prediction of ``plan``'s argument layouts and constraints as the
+    partitioner propagates them (``layout_cost``: how the baselines, the editor and
+    ``predict`` are priced). A searched plan's own ``cost`` adds up the search's per-op
+    choices, which can differ from it; comparing plans by this puts them on one model."""
+    assert plan.binding is not None, "partitioned_cost needs a bound plan (plan.bind(fn, *args))"
+    g = plan.binding.graph
+    constraints: dict[int, L.DimAxes] = {}
+    for index, _, outs in plan.constraints:
+        for var, lay in zip(g.nodes[index].outputs, outs, strict=False):
+            if lay is not None:
+                constraints[var] = lay
+    cost, _ = layout_cost(
+        g,
+        list(plan.input_specs),
+        mesh_shape_of(plan.binding.mesh),
+        resolve_profile(device),
+        constraints=constraints or None,
+        output_layouts=list(plan.output_specs),
+    )
+    return cost

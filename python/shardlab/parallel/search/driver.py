@@ -27,6 +27,7 @@ from shardlab.parallel.errors import SearchError
 from shardlab.parallel.graph.trace import Traced, trace
 from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.plan.binding import Binding
+from shardlab.parallel.plan.fixed import partitioned_cost
 from shardlab.parallel.plan.pipeline import with_pipeline
 from shardlab.parallel.plan.plan import Plan
 from shardlab.parallel.records import PipelineSpec
@@ -556,7 +557,9 @@ def _portfolio(plan: Plan, problem: _Problem, budget: float | None) -> Plan:
     if not fits:
         return plan
     name, best = min(fits.items(), key=lambda item: item[1].cost.time)
-    if best.cost.time >= plan.cost.time * (1 - 1e-6):
+    # the baselines are priced as the partitioner propagates their layouts: so is the plan
+    placed = partitioned_cost(plan, problem.profile).time
+    if best.cost.time >= placed * (1 - 1e-6):
         note = (
             f"auto: the cost model predicts the search's plan faster than every baseline "
             f"(best: {name}); not confirmed by compiling"
@@ -564,7 +567,8 @@ def _portfolio(plan: Plan, problem: _Problem, budget: float | None) -> Plan:
         return dataclasses.replace(plan, notes=(*plan.notes, note))
     note = (
         f"auto: baseline {name} is predicted faster ({best.cost.time * 1e3:.3f} ms) than the "
-        f"{plan.method} plan ({plan.cost.time * 1e3:.3f} ms), so it is returned"
+        f"{plan.method} plan ({placed * 1e3:.3f} ms as the partitioner propagates its "
+        "layouts), so it is returned"
     )
     return dataclasses.replace(
         best, method=f"{plan.method}→{name}", notes=(*plan.notes, note), optimal=None
