@@ -33,7 +33,10 @@ def test_mlp_regimes_pick_data_and_tensor_parallel(m8):
     for train in (False, True):
         dp_case = examples.mlp(1024, 128, train=train)
         plan = search(dp_case.fn, *dp_case.args, mesh=m8)
-        assert plan.method == "auto:ilp" and plan.optimal, plan.notes
+        # the ILP's plan, or the data-parallel baseline it ties (a tie goes to the baseline)
+        assert plan.method == "auto:ilp→data_parallel" or (
+            plan.method == "auto:ilp" and plan.optimal
+        ), plan.notes
         weight_bytes = sum(int(np.prod(s)) * 4 for s in plan.input_shapes[:2])
         # only parameter-sized collectives (and the loss scalar), no activations
         assert all(c.bytes <= weight_bytes + 64 for c in plan.cost.collectives)
@@ -119,7 +122,8 @@ def test_recursive_is_near_linear():
 def test_auto_says_which_method(m8):
     case = examples.mlp(64, 64, train=False)
     plan = search(case.fn, *case.args, mesh=m8)
-    assert plan.method == "auto:ilp" and any("auto chose ilp" in n for n in plan.notes)
+    assert plan.method.split("→")[0] == "auto:ilp", plan.method
+    assert any("auto chose ilp" in n for n in plan.notes)
 
 
 def test_memory_budget_below_data_parallel(m8):

@@ -557,16 +557,20 @@ def _portfolio(plan: Plan, problem: _Problem, budget: float | None) -> Plan:
     if not fits:
         return plan
     name, best = min(fits.items(), key=lambda item: item[1].cost.time)
-    # the baselines are priced as the partitioner propagates their layouts: so is the plan
-    placed = partitioned_cost(plan, problem.profile).time
-    if best.cost.time >= placed * (1 - 1e-6):
+    # the baselines are priced as the partitioner propagates their layouts: so is the plan;
+    # a tie in time and memory goes to the baseline, as confirming does (confirm._choose)
+    as_placed = partitioned_cost(plan, problem.profile)
+    placed = as_placed.time
+    tie = best.cost.time <= placed * (1 + 1e-6) and (best.cost.memory.peak <= as_placed.memory.peak)
+    if best.cost.time >= placed * (1 - 1e-6) and not tie:
         note = (
             f"auto: the cost model predicts the search's plan faster than every baseline "
             f"(best: {name}); not confirmed by compiling"
         )
         return dataclasses.replace(plan, notes=(*plan.notes, note))
+    how = "as fast, in no more memory, with no constraints," if tie else "faster"
     note = (
-        f"auto: baseline {name} is predicted faster ({best.cost.time * 1e3:.3f} ms) than the "
+        f"auto: baseline {name} is predicted {how} ({best.cost.time * 1e3:.3f} ms) than the "
         f"{plan.method} plan ({placed * 1e3:.3f} ms as the partitioner propagates its "
         "layouts), so it is returned"
     )
