@@ -38,8 +38,8 @@ from shardlab.parallel.search.confirm import plan_key
 from shardlab.parallel.search.driver import search
 
 MESHES = ((8,), (2, 4), (4, 2))
-ROUNDS = 3  # interleaved rounds over a case's plans
-RUNS = 5  # timed runs per plan per round (after WARMUP untimed ones)
+ROUNDS = 6  # interleaved rounds over a case's plans
+RUNS = 3  # timed runs per plan per round (after WARMUP untimed ones)
 WARMUP = 2
 NOISE = 0.05
 """Two medians of the same program differ by up to a few percent here (a shared 2-core
