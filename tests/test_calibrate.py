@@ -21,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardlab
+from shardlab.bench.ranking import kendall_tau
 from shardlab.parallel.cost import profiles as sp
 from shardlab.parallel.cost.calibrate import (
     ProfileFileError,
@@ -265,18 +266,12 @@ def test_a_convolution_with_fewer_output_features_is_priced_slower_as_measured(c
     for _ in range(2):  # the host is shared: two tries
         times = [t - dispatch for t in _interleaved_medians(cases, 9)]
         measured = [t / times[0] for t in times]
-        tau = _kendall(predicted, measured)
+        tau = kendall_tau(predicted, measured)
         close = all(1 / 2.5 < p / m < 2.5 for p, m in zip(predicted, measured, strict=True))
         if tau >= 0.6 and close:
             break
     assert tau >= 0.6, (shapes, predicted, measured)
     assert close, (shapes, predicted, measured)
-
-
-def _kendall(a, b):
-    from shardlab.bench.ranking import kendall_tau
-
-    return kendall_tau(a, b)
 
 
 def test_the_roofline_fit_recovers_rate_and_overlap():

@@ -328,8 +328,7 @@ def _calibrated_figures(profile: DeviceProfile) -> str:
         f"{profile.operand_latency:.2f} of its latency{latency}, narrow convolutions "
         f"{profile.narrow_convolution:.2f}× slower, convolution feature overhead "
         f"{profile.feature_overhead:.2f} (4 output features per device "
-        f"{profile.convolution_factor(64, 4) / profile.convolution_factor(64, 64):.2f}× "
-        "slower than 64)."
+        f"{profile.thin_convolution():.2f}× slower than 64)."
     )
 
 

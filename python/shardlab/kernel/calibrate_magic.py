@@ -67,8 +67,7 @@ def profile_summary(profile: DeviceProfile) -> str:
         )
         + (
             f"; a convolution with 4 output features per device "
-            f"{profile.convolution_factor(64, 4) / profile.convolution_factor(64, 64):.2g}× "
-            "slower than with 64"
+            f"{profile.thin_convolution():.2g}× slower than with 64"
             if profile.feature_overhead
             else ""
         )

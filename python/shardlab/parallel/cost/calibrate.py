@@ -68,7 +68,9 @@ class ProfileFileError(ValueError):
 
 
 # Quick: 3 sizes per collective (16 KiB – 8 MiB of result per device, the range of a small
-# model's gradients) and 9 runs; full: 6 sizes and 15 runs.
+# model's gradients) and 9 runs; full: 6 sizes and 15 runs. Figures taken as differences
+# or ratios within a round (latencies, operand share, convolutions) take at least
+# ``_LATENCY_RUNS`` rounds either way.
 _PLANS = {
     True: {"sizes": (16 << 10, 512 << 10, 8 << 20), "runs": 9, "matmul": (256, 384, 512)},
     False: {
@@ -78,7 +80,8 @@ _PLANS = {
     },
 }
 # Seconds per compile-and-measure of one figure on 8 simulated CPU devices (for the estimate;
-# 2026-12-06: quick 7-12 s for 60 figures, full 17.7 s for 106).
+# 2026-12-06, before the figures compared within rounds took 15 rounds: quick 7-12 s for 60
+# figures, now 10-12 s; full 17.7 s for 106, where 15 runs was already the count).
 _SECONDS_PER_FIGURE = {True: 0.12, False: 0.17}
 
 
@@ -280,7 +283,8 @@ def _measure_collectives(
             *rounds, empty, long = _interleaved_times(
                 [*cases, (nothing, cases[0][1]), (chain, cases[0][1])], max(runs, _LATENCY_RUNS)
             )
-            seconds = [max(float(np.median(t)) - float(np.median(empty)), 1e-6) for t in rounds]
+            base = float(np.median(empty))
+            seconds = [max(float(np.median(t)) - base, 1e-6) for t in rounds]
             del cases, chain
             progress.step(f"{kind} over {axis} ({n} devices)")
             # the chain of one is the smallest size's program

@@ -400,8 +400,7 @@ def convolution_features(
     lhs, out = node.inputs[0], node.outputs[0]
 
     def local(shape: Any, dims: DimAxes, d: int) -> int:
-        count = math.prod(sizes[a] for a in dims[d]) if dims and d < len(dims) else 1
-        return int(shape[d]) // max(1, count)
+        return int(shape[d]) // max(1, _count(dims[d], sizes) if d < len(dims) else 1)
 
     return (
         local(shapes[lhs], ins[0], numbers.lhs_spec[1]),

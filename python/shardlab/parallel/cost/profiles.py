@@ -273,6 +273,11 @@ class DeviceProfile(_Record):
             slope = self.narrow_convolution * (1.0 + self.feature_overhead / 2.0) - 1.0
         return 1.0 + slope * NARROW_FEATURES / max(features_out, 1)
 
+    def thin_convolution(self) -> float:
+        """How many times slower a convolution with 4 output features per device runs than
+        one with 64 (both with 64 input features): ``feature_overhead`` in words."""
+        return self.convolution_factor(64, 4) / self.convolution_factor(64, 64)
+
     def collective_time(self, kind: str, wire: float, group_size: int, axes: tuple[str, ...]):
         """Alpha-beta seconds for one collective (a measured fit where one matches)."""
         if group_size > 1 and self.collective_fits:
