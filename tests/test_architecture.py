@@ -20,6 +20,9 @@ FORBIDDEN = ("IPython", "ipywidgets", "bokeh", "ipykernel", "jupyter_bokeh")
     "module",
     [
         "shardlab",
+        "shardlab._core.equivalence",
+        "shardlab._core.source",
+        "shardlab._core.views",
         "shardlab.engine",
         "shardlab.parallel",
         "shardlab.cluster.manager",
@@ -53,6 +56,35 @@ def test_version_has_one_source_of_truth():
 def test_public_api_is_explicit():
     assert set(shardlab.__all__) <= set(dir(shardlab))
     assert "load_ipython_extension" in shardlab.__all__
+    for name in shardlab.__all__:  # every listed name resolves
+        assert getattr(shardlab, name) is not None, name
+
+
+def test_the_public_face_is_one_table():
+    """``__all__`` is ``_PUBLIC``'s names (and the three defined in the file); the
+    ``TYPE_CHECKING`` imports, for type checkers, name the same objects from the same
+    modules."""
+    import ast
+
+    table = shardlab._PUBLIC
+    assert set(shardlab.__all__) == {
+        *table,
+        "__version__",
+        "load_ipython_extension",
+        "unload_ipython_extension",
+    }
+    tree = ast.parse((SRC / "__init__.py").read_text())
+    block = next(
+        n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)
+    )
+    typed = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom)
+        for alias in node.names:
+            module = "." * node.level + (node.module or "")
+            target = alias.name if module == "." else f"{module}:{alias.name}"
+            typed[alias.asname or alias.name] = "." + target if module == "." else target
+    assert typed == table
 
 
 # The parallel core's layers, bottom first (docs/architecture.md): a module imports only from
@@ -65,6 +97,8 @@ PACKAGE_LAYERS = {  # shardlab's own packages: these never import the ones named
     "examples": ("engine", "kernel", "widgets", "bench"),
     # the cluster's management (docs/cluster.md): below the kernel's magics, beside engine
     "cluster": ("kernel", "widgets", "bench", "examples"),
+    # the floor under both cores: it imports none of shardlab's packages
+    "_core": ("parallel", "engine", "kernel", "widgets", "bench", "examples", "cluster"),
 }
 SRC = ROOT / "python" / "shardlab"
 
@@ -111,8 +145,6 @@ def test_parallel_layers_import_only_downwards():
     wrong = []
     for path in (SRC / "parallel").rglob("*.py"):
         me = _module_name(path)
-        if me == "shardlab.parallel":  # the package face re-exports from every layer
-            continue
         mine = PARALLEL_LAYERS.index(_layer(me) or "base")
         for other in _imports(path):
             layer = _layer(other)

@@ -52,7 +52,7 @@ def test_finds_the_planted_culprit_in_log_compiles(b):
     assert report.line == line
     with open(__file__) as source:
         number = 1 + source.read().splitlines()[:1000].index(PLANTED_LINE.rstrip())
-    assert report.source.endswith(f"test_bisect.py, line {number}")
+    assert report.source.endswith(f"test_bisect.py:{number}")
     assert "shardlab" not in report.source
     assert report.input_shapes == ("float32[100]", "float32[scalar]")
     assert report.cause == "rewrite"  # alone it agrees; only fused with the add it differs

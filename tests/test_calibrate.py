@@ -21,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardlab
+from shardlab._core.equivalence import assert_same_program
 from shardlab.bench.ranking import kendall_tau
 from shardlab.parallel.cost import profiles as sp
 from shardlab.parallel.cost.calibrate import (
@@ -349,9 +350,7 @@ def test_predict_schedule_and_search_accept_the_profile(calibrated):
     assert plan.cost.device == profile.name
     out, value = plan.jit()(params, batch)
     ref_out, ref_value = jax.jit(_step)(params, batch)
-    np.testing.assert_allclose(value, ref_value, rtol=1e-5)
-    for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref_out), strict=True):
-        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+    assert_same_program((out, value), (ref_out, ref_value), fn=_step, args=(params, batch))
 
 
 def test_use_profile_is_the_default_on_its_devices_only(calibrated):

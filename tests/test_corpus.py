@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from shardlab._core.equivalence import assert_same_program
 from shardlab.bench import corpus
 from shardlab.bench.corpus import models
 from shardlab.examples import Case
@@ -159,9 +160,9 @@ def test_family_specific_structure():
 
 def test_cases_are_deterministic():
     a, b = models.equinox_mlp(), models.equinox_mlp()
-    assert models.leaves_allclose(a.args, b.args, rtol=0, atol=0)
+    assert models.leaves_equal(a.args, b.args)
     c = models.nnx_scan()
-    assert models.leaves_allclose(c.args, _case("nnx_scan").args, rtol=0, atol=0)
+    assert models.leaves_equal(c.args, _case("nnx_scan").args)
 
 
 # the cheap models, searched and run on a 2×4 mesh (about 5-20 s each on 2 cores: the search
@@ -184,9 +185,9 @@ def test_search_and_data_parallel_compute_the_step(name, mesh):
     case, want = _case(name), _reference(name)
     plan = search(case.fn, *case.args, mesh=mesh, method="auto")
     assert not [w for w in plan.cost.warnings if "no sharding rule" in w], plan.cost.warnings
-    assert models.leaves_allclose(plan.jit()(*case.args), want), plan.method
+    assert_same_program(plan.jit()(*case.args), want, fn=case.fn, args=case.args)
     dp = baselines(case.fn, *case.args, mesh=mesh)["data_parallel"]
-    assert models.leaves_allclose(dp.jit()(*case.args), want)
+    assert_same_program(dp.jit()(*case.args), want, fn=case.fn, args=case.args)
 
 
 @pytest.mark.parametrize(("name", "slack"), [("linen_seq2seq", 0), ("pinn", 2)])

@@ -10,10 +10,10 @@ import re
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import shardlab
+from shardlab._core.equivalence import assert_same_program
 from shardlab.examples import transformer
 from shardlab.examples.transformer import gpt_scan
 from shardlab.parallel.mesh import mesh as make_mesh
@@ -46,11 +46,9 @@ def editor(case):
     ed.close()
 
 
-def _equal(got, want):
-    got, want = jax.tree.leaves(got), jax.tree.leaves(want)
-    assert len(got) == len(want)
-    for a, b in zip(got, want, strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+def _equal(got, want, fn, *args):
+    """The edited plan computes the plain step (``_core/equivalence.py``)."""
+    assert_same_program(got, want, fn=fn, args=args)
 
 
 def test_only_valid_counts_and_the_users_scan_line(editor):
@@ -103,7 +101,7 @@ def test_dropdowns_change_the_plan_figures_and_it_runs_as_the_plain_step(editor,
     assert model.plan().remat == RematSpec("nothing")
     assert "remat 'nothing': lax.scan at" in editor.view().text()
     assert "changed: remat: dots → nothing" in editor.view().text()
-    _equal(model.plan().jit()(*case.args), plain)
+    _equal(model.plan().jit()(*case.args), plain, case.fn, *case.args)
 
     controls.stages.value = 4  # stages on: the smallest microbatch count filling them
     assert editor.error is None
@@ -129,7 +127,7 @@ def test_dropdowns_change_the_plan_figures_and_it_runs_as_the_plain_step(editor,
     assert "changed: pipeline: 4 stages × 2 microbatches (gpipe) → 4 stages × 2 " in text
     # the strategy lists the layers split over the stages, as the staged plan has them
     assert re.search(r"params\[\"blocks\"\]\[\"w1\"\]: P\('stage'", text), text
-    _equal(plan.jit()(*case.args), plain)
+    _equal(plan.jit()(*case.args), plain, case.fn, *case.args)
 
     controls.stages.value = 0  # off again: the plan is unpipelined, remat kept
     assert model.plan().pipeline is None and model.plan().remat == RematSpec("nothing")
@@ -186,7 +184,7 @@ def test_one_dropdown_per_layer_scan_and_one_policy_per_plan():
         ed.set_remat("nothing")  # every group
         assert ed.model.plan().remat == RematSpec("nothing")
         got = ed.model.plan().jit()(*args)
-        _equal(got, jax.jit(step)(*args))
+        _equal(got, jax.jit(step)(*args), step, *args)
     finally:
         ed.close()
 

@@ -284,19 +284,44 @@ def test_cli_help_imports_no_jax(args):
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
 
-def test_lazy_api_loads_everything_on_first_use_and_no_ui_library():
-    code = (
-        "import json, sys\nimport shardlab\nlazy = 'jax' not in sys.modules\n"
-        "shardlab.Plan\nfrom shardlab.parallel.plan.plan import VIEWERS\n"
-        "ui = [m for m in ('IPython', 'ipywidgets', 'bokeh', 'ipykernel') if m in sys.modules]\n"
-        "print(json.dumps([lazy, 'plan' in VIEWERS, ui, set(shardlab.__all__) <= set(dir(shardlab))]))"
-    )
+_FIRST_USE = """\
+import json, sys
+import shardlab
+lazy = "jax" not in sys.modules
+getattr(shardlab, sys.argv[1])
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in
+    ("IPython", "ipywidgets", "bokeh", "ipykernel", "scipy") or m.startswith("shardlab.widgets"))
+print(json.dumps([lazy, loaded]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "allowed"),
+    [("mesh", set()), ("Plan", {"scipy"}), ("search", {"scipy"}), ("to_static", set())],
+)
+def test_a_public_name_loads_its_module_and_no_view(name, allowed):
+    """Each public name loads on first use with the module defining it: ``shardlab.mesh``
+    brings no scipy, and nothing short of a view brings a view or a UI library."""
     done = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", _FIRST_USE, name],
         capture_output=True,
         text=True,
         timeout=120,
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
     )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == [True, True, [], True]
+    lazy, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert lazy
+    assert {m.split(".")[0] for m in loaded} <= allowed, loaded
+
+
+def test_a_view_loads_when_first_displayed():
+    """``Plan.show()`` and a record's HTML find their views through ``_core/views.py``:
+    registered by the view module, imported the first time they are asked for."""
+    from shardlab._core import views
+
+    assert views.view_for("plan") is not None and views.view_for("html:report") is not None
+    assert views.view_for("no-such-view") is None
+    for kind, module in views.PROVIDERS.items():
+        assert module.startswith("shardlab.widgets."), (kind, module)
+        assert views.view_for(kind) is not None, kind

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
-import shardlab.parallel as sp
+import shardlab as sp
 
 
 def test_mesh_forms_agree_and_use_auto_axes():

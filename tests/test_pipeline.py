@@ -15,6 +15,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardlab._core.equivalence import assert_same_program
 from shardlab.bench.corpus.models import nnx_scan
 from shardlab.examples.transformer import gpt, gpt_scan
 from shardlab.parallel.graph.opgraph import build_from_jaxpr
@@ -28,21 +29,9 @@ def _gpt_scan(layers: int, *, train: bool = True):
     return gpt_scan(layers, batch=8, seq=8, d=16, heads=2, vocab=64, train=train)
 
 
-def _leaves(tree):
-    out = []
-    for x in jax.tree.leaves(tree):
-        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-            x = jax.random.key_data(x)
-        out.append(np.asarray(x))
-    return out
-
-
-def _equal(got, want, rtol=1e-5, atol=1e-6):
-    got, want = _leaves(got), _leaves(want)
-    assert len(got) == len(want)
-    for a, b in zip(got, want, strict=True):
-        assert np.all(np.isfinite(a))
-        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+def _equal(got, want, fn, *args):
+    """The pipelined program computes the plain one (``_core/equivalence.py``'s rule)."""
+    assert_same_program(got, want, fn=fn, args=args)
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +64,16 @@ def test_train_step_equals_plain(train, axes, microbatches):
     blocks = [s for p, s in zip(plan.input_paths, plan.input_specs, strict=True) if "blocks" in p]
     assert blocks and all(s[0] == ("stage",) for s in blocks)
     step = plan.jit()
-    _equal(step(*case.args), want)
+    _equal(step(*case.args), want, case.fn, *case.args)
     if microbatches == 4:  # the comparison can fail: a perturbed momentum is caught
         params, momentum, batch = case.args
         with pytest.raises(AssertionError):
-            _equal(step(params, jax.tree.map(lambda m: m + 1e-3, momentum), batch), want)
+            _equal(
+                step(params, jax.tree.map(lambda m: m + 1e-3, momentum), batch),
+                want,
+                case.fn,
+                *case.args,
+            )
 
 
 def test_compiled_program_permutes_over_the_stage_axis(train):
@@ -103,8 +97,7 @@ def test_grad_through_pipelined_forward():
     loss = plan.function()
 
     got_loss, got_grad = jax.jit(jax.value_and_grad(loss))(params, batch)
-    _equal(got_loss, want_loss)
-    _equal(got_grad, want_grad)
+    _equal((got_loss, got_grad), (want_loss, want_grad), jax.value_and_grad(case.fn), *case.args)
 
 
 def test_pipeline_with_remat_equals_plain(train):
@@ -115,7 +108,7 @@ def test_pipeline_with_remat_equals_plain(train):
     case, want = train
     plan = _pipelined(case, make_mesh(stage=4, data=2), stages=4, microbatches=2)
     plan = dataclasses.replace(plan, remat=RematSpec("nothing"))
-    _equal(plan.jit()(*case.args), want)
+    _equal(plan.jit()(*case.args), want, case.fn, *case.args)
 
 
 def test_nnx_scan_with_dropout_and_adamw():
@@ -124,7 +117,7 @@ def test_nnx_scan_with_dropout_and_adamw():
     and sliced per microbatch, so the pipelined step equals the plain one."""
     case = nnx_scan(layers=4)
     plan = _pipelined(case, make_mesh(stage=2, data=4), stages=2, microbatches=4)
-    _equal(plan.jit()(*case.args), jax.jit(case.fn)(*case.args))
+    _equal(plan.jit()(*case.args), jax.jit(case.fn)(*case.args), case.fn, *case.args)
 
 
 def test_batch_dims_come_from_the_step():
@@ -175,7 +168,7 @@ def test_runner_keeps_a_wrapped_checkpoint():
 
     got = jax.jit(jax.value_and_grad(lambda w, x: loss(w, x, runner)))(w, x)
     want = jax.jit(jax.value_and_grad(lambda w, x: loss(w, x, plain)))(w, x)
-    _equal(got, want, rtol=1e-5, atol=1e-5)
+    _equal(got, want, jax.value_and_grad(lambda w, x: loss(w, x, plain)), w, x)
     grad_jaxpr = str(jax.make_jaxpr(jax.grad(lambda w, x: loss(w, x, runner)))(w, x))
     assert "remat" in grad_jaxpr or "checkpoint" in grad_jaxpr
 
@@ -202,7 +195,7 @@ def test_plan_constraints_inside_the_layers_are_kept():
 
     got = jax.jit(jax.value_and_grad(lambda w, x: loss(w, x, runner)))(w, x)
     want = jax.jit(jax.value_and_grad(lambda w, x: loss(w, x, plain)))(w, x)
-    _equal(got, want, rtol=1e-5, atol=1e-5)
+    _equal(got, want, jax.value_and_grad(lambda w, x: loss(w, x, plain)), w, x)
 
 
 def test_whole_batch_op_is_refused():
@@ -290,4 +283,4 @@ def test_a_baseline_made_on_the_whole_stage_mesh_pipelines_as_the_hand_made_one(
         # its cost is the pipeline's (collective-permutes), not the unpipelined plan's
         assert plan.cost.comm_bytes.get("collective-permute", 0) > 0
         assert plan.verify().memory.total <= 1.15 * hand.verify().memory.total, name
-        _equal(plan.jit()(*case.args), want)
+        _equal(plan.jit()(*case.args), want, case.fn, *case.args)

@@ -8,9 +8,9 @@ import re
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
+from shardlab._core.equivalence import assert_same_program
 from shardlab.bench.corpus.models import nnx_scan
 from shardlab.examples.transformer import gpt, gpt_scan
 from shardlab.parallel.errors import SearchError
@@ -32,11 +32,9 @@ def mesh8():
     return make_mesh(data=8)
 
 
-def _equal(a, b, rtol=1e-5, atol=1e-6):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-            x, y = jax.random.key_data(x), jax.random.key_data(y)
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+def _equal(got, want, case):
+    """The rematerialised program computes the plain one (``_core/equivalence.py``)."""
+    assert_same_program(got, want, fn=case.fn, args=case.args)
 
 
 def _compiled(plan, args):
@@ -66,18 +64,18 @@ def measured(request, mesh8):
         plan = with_remat(base, policy)
         out, stats = _compiled(plan, case.args)
         got[policy] = (plan, out, stats)
-    return request.param, ref, got
+    return request.param, ref, got, case
 
 
 def test_outputs_and_gradients_equal_the_plain_step(measured):
-    _, ref, got = measured
+    _, ref, got, case = measured
     for policy in POLICIES:
         # new params = params - lr * momentum(grads): equal params mean equal gradients
-        _equal(got[policy][1], ref)
+        _equal(got[policy][1], ref, case)
 
 
 def test_compiled_temporaries_fall_and_prediction_within_15_percent(measured):
-    layers, _, got = measured
+    layers, _, got, _ = measured
     temp = {p: got[p][2]["temp"] for p in POLICIES}
     assert temp["dots"] < 0.5 * temp["none"], temp
     assert temp["nothing"] < 0.8 * temp["dots"], temp
@@ -91,7 +89,7 @@ def test_compiled_temporaries_fall_and_prediction_within_15_percent(measured):
 
 
 def test_backward_loop_recomputes(measured):
-    layers, _, got = measured
+    layers, _, got, _ = measured
     none, dots, nothing = (got[p][2] for p in POLICIES)
     # the recomputed forward matmuls are in the compiled program
     assert nothing["dots"] > none["dots"], (none["dots"], nothing["dots"])
@@ -112,7 +110,7 @@ def test_nnx_scan_with_dropout(mesh8):
     ref = jax.jit(case.fn, compiler_options=FAST)(*case.args)
     plan = with_remat(base, "nothing")  # (dots: covered on gpt_scan; keeps this test short)
     out, stats = _compiled(plan, case.args)
-    _equal(out, ref)
+    _equal(out, ref, case)
     assert plan.cost.memory.peak == pytest.approx(stats["total"], rel=0.15), stats
 
 
@@ -139,7 +137,7 @@ def test_base_runners_are_wrapped(small):
     runners = remat_runners(b.graph, RematSpec("nothing"), {0: counting(0), 1: counting(1)})
     fn = b.constrained(plan.intermediate_specs(), runners=runners)
     got = jax.jit(fn, compiler_options=FAST)(*case.args)
-    _equal(got, jax.jit(case.fn, compiler_options=FAST)(*case.args))
+    _equal(got, jax.jit(case.fn, compiler_options=FAST)(*case.args), case)
     assert sorted(calls) == [0, 1]
 
 
@@ -166,7 +164,7 @@ def test_composes_with_pipeline(small):
     plan = with_remat(with_pipeline(plan, PipelineSpec(stages=2, microbatches=2)), "nothing")
     assert plan.pipeline is not None and plan.remat == RematSpec("nothing")
     out, _ = _compiled(plan, case.args)
-    _equal(out, jax.jit(case.fn, compiler_options=FAST)(*case.args))
+    _equal(out, jax.jit(case.fn, compiler_options=FAST)(*case.args), case)
 
 
 def test_residual_read_elsewhere_is_refused(mesh8):

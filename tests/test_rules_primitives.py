@@ -19,6 +19,7 @@ from jax.extend.random import threefry2x32_p
 from jax.sharding import PartitionSpec as P
 
 import shardlab
+from shardlab._core.equivalence import assert_same_program
 from shardlab.parallel.graph.opgraph import itemsize_of
 from shardlab.parallel.graph.rules import RULES, rule_for
 from shardlab.parallel.graph.trace import trace
@@ -314,9 +315,7 @@ def test_cond_and_while_rules_come_from_their_bodies():
         plan = shardlab.search(fn, *args, mesh=mesh)
         assert not [w for w in plan.cost.warnings if "no sharding rule" in w], plan.cost.warnings
         assert plan.in_shardings[1].spec == P("data")  # the batch is sharded through them
-        got, want = jax.tree.leaves(plan.jit()(*args)), jax.tree.leaves(fn(*args))
-        for a, b in zip(got, want, strict=True):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        assert_same_program(plan.jit()(*args), fn(*args), fn=fn, args=args)
         real = plan.verify()
         assert _nonzero(plan.cost.comm_bytes) == pytest.approx(_nonzero(real.comm_bytes))
 
@@ -385,7 +384,6 @@ def test_probe_models_search_and_run_equal(name, fn, args):
     plan = shardlab.search(fn, *args, mesh=_mesh(M8))
     assert not [w for w in plan.cost.warnings if "no sharding rule" in w], plan.cost.warnings
     got, want = plan.jit()(*args), fn(*args)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    assert_same_program(got, want, fn=fn, args=args)
     if name.startswith("dropout"):
         assert plan.in_shardings[0].spec == P()  # the key leaf stays replicated

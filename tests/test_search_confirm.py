@@ -6,11 +6,11 @@ from __future__ import annotations
 import re
 
 import jax
-import numpy as np
 import pytest
 
 import shardlab
 from shardlab import examples, strategies
+from shardlab._core.equivalence import assert_same_program
 from shardlab.parallel.cost.profiles import comm_time, resolve_profile
 from shardlab.parallel.plan.plan import Plan
 from shardlab.parallel.search import confirm as C
@@ -81,11 +81,8 @@ def test_auto_returns_the_compiled_fastest(name):
         assert kept in base and kept in names
         assert any(f"→ {kept} returned" in n for n in plan.notes)
     # the returned plan runs and computes what the function does
-    got = jax.tree_util.tree_leaves(plan.jit()(*case.args))
-    want = jax.tree_util.tree_leaves(case.fn(*case.args))
-    assert len(got) == len(want)
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=2e-6)
+    got, want = plan.jit()(*case.args), case.fn(*case.args)
+    assert_same_program(got, want, fn=case.fn, args=case.args)
 
 
 def test_confirm_false_is_the_predicted_portfolio():

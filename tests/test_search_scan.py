@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from shardlab import examples
+from shardlab._core.equivalence import assert_same_program
 from shardlab.parallel.cost.profiles import comm_time, resolve_profile
 from shardlab.parallel.graph import opgraph
 from shardlab.parallel.graph.opgraph import build_from_jaxpr
@@ -28,11 +28,10 @@ def mesh():
     return make_mesh(data=2, model=4)
 
 
-def _close(a, b) -> bool:
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return len(la) == len(lb) and all(
-        np.allclose(x, y, rtol=1e-4, atol=1e-5) for x, y in zip(la, lb, strict=True)
-    )
+def _close(got, want, fn, *args) -> bool:
+    """The plan computes the plain program (``_core/equivalence.py``)."""
+    assert_same_program(got, want, fn=fn, args=args)
+    return True
 
 
 def _mlp_forward(p, x):
@@ -74,7 +73,7 @@ def mlp_plans(mesh):
 def test_scanned_mlp_plan_runs_and_shards_the_stacked_weights(mlp_plans, method):
     step, args, plans = mlp_plans
     plan = plans[method]
-    assert _close(plan.jit()(*args), jax.jit(step)(*args))
+    assert _close(plan.jit()(*args), jax.jit(step)(*args), step, *args)
     assert not any(SCAN_WARNING in w for w in plan.cost.warnings)
     for path, spec in zip(plan.input_paths, plan.input_specs, strict=True):
         if path.startswith("0/"):  # stacked weights: layer dim whole, another dim split
@@ -126,7 +125,7 @@ def test_gpt_scan_train_step_matches_and_costs_what_it_compiles_to(mesh):
     than the unrolled model, whose all-reduces combine into few; the cost model says so."""
     case, unrolled = examples.gpt_scan(2), examples.gpt(2)
     plan = search(case.fn, *case.args, mesh=mesh, method="recursive")
-    assert _close(plan.jit()(*case.args), jax.jit(case.fn)(*case.args))
+    assert _close(plan.jit()(*case.args), jax.jit(case.fn)(*case.args), case.fn, *case.args)
     assert not plan.cost.warnings
     assert len(plan.binding.graph.scan_groups) == 2
     compiled = comm_time(plan.verify().collectives, plan.cost.device)
@@ -138,7 +137,7 @@ def test_gpt_scan_train_step_matches_and_costs_what_it_compiles_to(mesh):
 def test_gpt_scan_forward_auto(mesh):
     case = examples.gpt_scan(2, train=False)
     plan = search(case.fn, *case.args, mesh=mesh, method="auto")
-    assert _close(plan.jit()(*case.args), jax.jit(case.fn)(*case.args))
+    assert _close(plan.jit()(*case.args), jax.jit(case.fn)(*case.args), case.fn, *case.args)
     assert not any(SCAN_WARNING in w for w in plan.cost.warnings)
 
 
@@ -178,7 +177,7 @@ def test_scan_forms_are_numerically_equal_under_their_plans(mesh, fn, length):
     for f in (fn, jax.grad(lambda w, x: sum(jnp.sum(o) for o in jax.tree.leaves(fn(w, x))))):
         plan = search(f, w, x, mesh=mesh, method="ilp")
         assert not any(SCAN_WARNING in w for w in plan.cost.warnings)
-        assert _close(plan.jit()(w, x), jax.jit(f)(w, x))
+        assert _close(plan.jit()(w, x), jax.jit(f)(w, x), f, w, x)
     graph = plan.binding.graph
     assert [g.length for g in graph.scan_groups] == [length, length]
     planned, original = plan.jit().lower(w, x).as_text(), jax.jit(f).lower(w, x).as_text()
@@ -193,7 +192,7 @@ def test_scan_over_the_limit_stays_one_node(mesh, monkeypatch):
     graph = plan.binding.graph
     assert not graph.scan_groups and "scan" in graph.primitive_counts()
     assert any(SCAN_WARNING in w for w in plan.cost.warnings)
-    assert _close(plan.jit()(w, x), jax.jit(_reverse_carry_ys)(w, x))
+    assert _close(plan.jit()(w, x), jax.jit(_reverse_carry_ys)(w, x), _reverse_carry_ys, w, x)
 
 
 def test_a_scans_iterations_fold_into_one_body_in_the_quotient(mesh):

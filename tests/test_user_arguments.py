@@ -14,13 +14,13 @@ from collections.abc import Callable
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardlab
 from shardlab import strategies
+from shardlab._core.equivalence import assert_same_program
 from shardlab.parallel.arguments import split
 from shardlab.parallel.errors import ArgumentError
 from shardlab.parallel.mesh import mesh as make_mesh
@@ -52,12 +52,11 @@ def _args():
     return params, batch
 
 
-def _close(a, b, rtol=2e-5, atol=2e-6):
-    la = [x for x in jax.tree.leaves(a) if eqx.is_array(x)]
-    lb = [x for x in jax.tree.leaves(b) if eqx.is_array(x)]
-    assert len(la) == len(lb)
-    for x, y in zip(la, lb, strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+def _close(got, want, fn, *args):
+    """The plan computes the plain program (``_core/equivalence.py``), array leaves only."""
+    got = [x for x in jax.tree.leaves(got) if eqx.is_array(x)]
+    want = [x for x in jax.tree.leaves(want) if eqx.is_array(x)]
+    assert_same_program(got, want, fn=fn, args=args)
 
 
 @pytest.fixture(scope="module")
@@ -122,11 +121,11 @@ def test_search_and_baselines_ignore_placement(placed, mesh24, plan):
 def test_plan_jit_takes_any_layout(placed, plan):
     step = plan.jit()
     got = step(*placed)
-    _close(got, jax.jit(_step)(*placed))
+    _close(got, jax.jit(_step)(*placed), _step, *placed)
     for leaf, want in zip(jax.tree.leaves(got), jax.tree.leaves(plan.out_shardings), strict=True):
         assert leaf.sharding.is_equivalent_to(want, leaf.ndim)
     # under an outer jit the arguments pass through (tracers are not placed)
-    _close(jax.jit(step)(*plan.shard(*placed)), got)
+    _close(jax.jit(step)(*plan.shard(*placed)), got, _step, *placed)
 
 
 def test_plan_shard_places_once(placed, plan):
@@ -140,7 +139,7 @@ def test_plan_shard_places_once(placed, plan):
     assert all(
         a is b for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(sharded), strict=True)
     )
-    _close(plan.jit()(*sharded), _step(*_args()))
+    _close(plan.jit()(*sharded), _step(*_args()), _step, *_args())
 
 
 def test_plan_jit_gradients_equal(mesh24, other_mesh):
@@ -149,7 +148,7 @@ def test_plan_jit_gradients_equal(mesh24, other_mesh):
     x_elsewhere = jax.device_put(x, NamedSharding(other_mesh, P("rows")))
     planned = loss_plan.jit()
     got = jax.grad(lambda p: planned(p, x_elsewhere))(params)
-    _close(got, jax.jit(jax.grad(_loss))(params, x))
+    _close(got, jax.jit(jax.grad(_loss))(params, x), jax.grad(_loss), params, x)
 
 
 def test_plan_jit_rejects_another_structure(plan):
@@ -193,7 +192,7 @@ def test_equinox_mlp_through_analyze_predict_search(mlp, mlp_plan, mesh24):
         *(f"model/layers/{i}/{w}" for i in range(3) for w in ("weight", "bias")),
         "x",
     )
-    _close(mlp_plan.jit()(mlp, x), _forward(mlp, x))
+    _close(mlp_plan.jit()(mlp, x), _forward(mlp, x), _forward, mlp, x)
     assert mlp_plan.verify().memory.total > 0
     # its in_shardings are shaped like eqx.filter(model, eqx.is_array)
     model_shardings = mlp_plan.in_shardings[0]
@@ -202,7 +201,7 @@ def test_equinox_mlp_through_analyze_predict_search(mlp, mlp_plan, mesh24):
     )
     sharded_model, sharded_x = mlp_plan.shard(mlp, x)
     assert sharded_model.activation is jax.nn.relu
-    _close(mlp_plan.jit()(sharded_model, sharded_x), _forward(mlp, x))
+    _close(mlp_plan.jit()(sharded_model, sharded_x), _forward(mlp, x), _forward, mlp, x)
 
 
 def test_equinox_train_step_returns_the_whole_model(mlp, mesh24):
@@ -211,9 +210,9 @@ def test_equinox_train_step_returns_the_whole_model(mlp, mesh24):
     plan = shardlab.search(_eqx_step, mlp, x, y, mesh=mesh24, method="recursive")
     new_model, value = plan.jit()(mlp, x, y)
     assert isinstance(new_model, eqx.nn.MLP) and new_model.activation is jax.nn.relu
-    _close((new_model, value), _eqx_step(mlp, x, y))
+    _close((new_model, value), _eqx_step(mlp, x, y), _eqx_step, mlp, x, y)
     dp = strategies.data_parallel(_eqx_step, mlp, x, y, mesh=mesh24)
-    _close(dp.jit()(mlp, x, y), _eqx_step(mlp, x, y))
+    _close(dp.jit()(mlp, x, y), _eqx_step(mlp, x, y), _eqx_step, mlp, x, y)
 
 
 def test_a_changed_static_leaf_is_named(mlp, mlp_plan):
@@ -246,9 +245,11 @@ def test_dataclass_and_dict_with_callables_strings_and_numbers(mesh24):
     assert plan.input_paths == ("layer/w", "config/scale", "x")
     got = plan.jit()(layer, config, x)
     assert got["label"] == "first" and got["training"] is True
-    _close(got["out"], _apply(layer, config, x)["out"])
+    _close(got["out"], _apply(layer, config, x)["out"], _apply, layer, config, x)
     halved = plan.jit()(layer, {**config, "scale": 1.0}, x)  # traced: no new plan needed
-    _close(halved["out"], _apply(layer, {**config, "scale": 1.0}, x)["out"])
+    _close(
+        halved["out"], _apply(layer, {**config, "scale": 1.0}, x)["out"], _apply, layer, config, x
+    )
     specs = (None, None, P("data"))
     assert shardlab.analyze(_apply, layer, config, x, mesh=mesh24, in_shardings=specs).hlo
     assert shardlab.predict(_apply, layer, config, x, mesh=mesh24, in_shardings=specs).time > 0

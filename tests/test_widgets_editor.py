@@ -7,12 +7,12 @@ import re
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardlab
 from kernelclient import Kernel
+from shardlab._core.equivalence import assert_same_program
 from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.specs import ShardingSpecError
 from shardlab.widgets.editor import EditorView
@@ -110,8 +110,7 @@ def test_exported_code_runs_and_matches(model):
     assert got_specs == [L.from_spec(s, 2) for s in specs]
     got = namespace["step"](*model.args)
     want = model.fn(*model.args)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+    assert_same_program(got, want, fn=model.fn, args=model.args)
 
 
 def test_editor_view_text_and_html(model):

@@ -22,7 +22,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardlab.examples import Case, Shard, conv_layer, gpt_layer, mlp_layer
-from shardlab.parallel import analyze, predict
+from shardlab.parallel.compiled.analyze import analyze
+from shardlab.parallel.cost.predict import predict
 from shardlab.parallel.mesh import mesh as make_mesh
 from shardlab.parallel.records import COLLECTIVE_KINDS
 

@@ -36,10 +36,11 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
+from .._core.source import equation_source
+from .._core.views import view_for
 from . import jaxpr_eval
-from .compare import VIEWERS, TraceFailure, dynamic_part, trace_failure
+from .compare import TraceFailure, dynamic_part, trace_failure
 from .numerics import Difference, Tolerance, difference, fmt
-from .sourceline import equation_source
 
 __all__ = ["BisectReport", "BisectStep", "bisect"]
 
@@ -145,7 +146,7 @@ class BisectReport:
         return self.text()
 
     def _repr_html_(self) -> str | None:
-        viewer = VIEWERS.get("bisect")
+        viewer = view_for("bisect")
         return viewer(self) if viewer is not None else None
 
 

@@ -27,14 +27,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from .._core.source import user_frame_of_exception
+from .._core.views import view_for
 from . import jaxpr_eval
 from .numerics import Difference, Tolerance, difference, fmt
-from .sourceline import user_frame_of_exception
 
-__all__ = ["VIEWERS", "CompareReport", "LeafComparison", "TraceFailure", "compare"]
-
-# Views register their renderers here (``widgets/compare.py``); engine/ imports no views.
-VIEWERS: dict[str, Callable[[Any], str]] = {}
+__all__ = ["CompareReport", "LeafComparison", "TraceFailure", "compare"]
 
 AGREE = "agree"
 COMPILED_CLOSER = "differ, compiled closer to float64"
@@ -152,7 +150,7 @@ class CompareReport:
         return self.text()
 
     def _repr_html_(self) -> str | None:
-        viewer = VIEWERS.get("compare")
+        viewer = view_for("compare")
         return viewer(self) if viewer is not None else None
 
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
-import os
-import sys
 import textwrap
 import types
 from collections.abc import Callable
@@ -27,6 +25,7 @@ from typing import Any
 
 import jax
 
+from .._core.source import line_label as source_line_label
 from .convert_loops import Runtime
 from .convert_lower import function_def
 from .convert_ops import ControlFlowError, ConversionNote, reverse_ad
@@ -36,18 +35,9 @@ __all__ = ["ControlFlowError", "ConversionNote", "Runtime", "converted", "to_sta
 
 
 def line_label(filename: str) -> Callable[[int], str]:
-    """How a person names a line of ``filename``: ``In [3], line 2`` for a notebook cell
-    (IPython's compiled-cell map, read without importing IPython), else ``path, line k``."""
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
-    names = getattr(getattr(shell, "compile", None), "_filename_map", None)
-    number = names.get(filename) if isinstance(names, dict) else None
-    if isinstance(number, int):
-        return lambda line: f"In [{number}], line {line}"
-    shown = os.path.relpath(filename) if os.path.isabs(filename) else filename
-    if shown.startswith(".."):
-        shown = filename
-    return lambda line: f"{shown}, line {line}"
+    """How a person names a line of ``filename`` (``_core/source.py``: ``In [3], line 2``
+    for a notebook cell, ``path:2`` for a file)."""
+    return lambda line: source_line_label(filename, line)
 
 
 class _Unconvertible(Exception):

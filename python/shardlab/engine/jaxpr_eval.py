@@ -29,19 +29,10 @@ import numpy as np
 from jax._src import source_info_util
 from jax.extend import core as jex_core
 
+from .._core.jaxprs import inlined_body
+
 __all__ = ["Evaluation", "ancestors", "evaluate", "flatten", "float64", "upcast"]
 
-# Calls whose body is evaluated in place of the call (their numerics are the body's).
-_INLINED = {
-    "jit": "jaxpr",
-    "pjit": "jaxpr",
-    "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
-    "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
-    "remat2": "jaxpr",
-    "checkpoint": "jaxpr",
-}
 # Equations the reference runs at the user's dtypes: they reinterpret bits.
 _KEEP_DTYPES = frozenset({"bitcast_convert_type"})
 
@@ -169,15 +160,14 @@ def apply_equation(eqn: Any, invals: Sequence[Any], *, wide: bool = False) -> li
 def _apply(eqn: Any, invals: Sequence[Any], *, wide: bool) -> tuple[list[Any], bool]:
     """The outputs of ``eqn`` and whether the reference had to run it at the user's dtypes."""
     name = eqn.primitive.name
-    sub = _INLINED.get(name)
+    body = inlined_body(name, eqn.params)
     name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
     with (
         source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
         eqn.ctx.manager,
     ):
-        if sub is not None and sub in eqn.params:
-            body = eqn.params[sub]
-            inner, consts = (body.jaxpr, body.consts) if hasattr(body, "consts") else (body, ())
+        if body is not None:
+            inner, consts = body
             done = evaluate(
                 inner, consts, [upcast(v) for v in invals] if wide else invals, wide=wide
             )

@@ -19,6 +19,8 @@ from typing import Any
 
 import jax
 
+from .._core.units import human_bytes
+
 _GPU_NOTE = (
     "On GPU, XLA's allocator keeps freed memory for reuse (by default it preallocates 75% of "
     "the device); the bytes above are what arrays hold. To hand memory back to the driver, "
@@ -294,11 +296,11 @@ class ReleaseReport:
     def text(self) -> str:
         """A short human-readable summary."""
         lines = [
-            f"device bytes: {_fmt(sum(self.bytes_before.values()))} → "
-            f"{_fmt(sum(self.bytes_after.values()))} "
-            f"(freed {_fmt(self.freed_device_bytes)}; {self.arrays_deleted} unreachable "
+            f"device bytes: {human_bytes(sum(self.bytes_before.values()))} → "
+            f"{human_bytes(sum(self.bytes_after.values()))} "
+            f"(freed {human_bytes(self.freed_device_bytes)}; {self.arrays_deleted} unreachable "
             f"array(s) deleted)",
-            f"process RSS:  {_fmt(self.rss_before)} → {_fmt(self.rss_after)}",
+            f"process RSS:  {human_bytes(self.rss_before)} → {human_bytes(self.rss_after)}",
         ]
         if self.named_arrays_deleted:
             names = ", ".join(self.named_arrays_deleted)
@@ -315,21 +317,13 @@ class ReleaseReport:
                 + ", ".join(self.named_arrays_kept)
             )
         per_device = [
-            f"{d}: {_fmt(self.bytes_before.get(d, 0))} → {_fmt(b)}"
+            f"{d}: {human_bytes(self.bytes_before.get(d, 0))} → {human_bytes(b)}"
             for d, b in self.bytes_after.items()
         ]
         lines.append("per device: " + "; ".join(per_device))
         if self.platform == "gpu":
             lines.append(_GPU_NOTE)
         return "\n".join(lines)
-
-
-def _fmt(num: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(num) < 1024 or unit == "GiB":
-            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.1f} {unit}"
-        num /= 1024
-    return f"{num:.1f} GiB"
 
 
 def release(

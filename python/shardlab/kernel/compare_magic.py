@@ -40,8 +40,6 @@ class CompareMagics(Magics):
         """
         from IPython.display import display
 
-        from ..widgets import compare as _views  # noqa: F401 - registers the HTML views
-
         options = line.split()
         unknown = [o for o in options if o != "--bisect"]
         if unknown:

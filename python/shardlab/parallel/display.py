@@ -1,7 +1,8 @@
 """How records read: short ``repr`` text, human units, and the aligned plan table.
 
-The core never imports a view library; records' ``_repr_html_`` asks ``HTML_VIEWERS``
-(filled by ``shardlab.widgets`` on import) and falls back to the escaped text in a ``<pre>``
+The core never imports a view library; records' ``_repr_html_`` asks ``_core.views`` for
+the ``html:<kind>`` view (``shardlab.widgets``, loaded on first display) and falls back to
+the escaped text in a ``<pre>``
 (a notebook then still shows the short text, not the whole dataclass).
 """
 
@@ -16,8 +17,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from shardlab._core.units import human_bytes, human_time
+from shardlab._core.views import view_for
+
 __all__ = [
-    "HTML_VIEWERS",
     "PlanTable",
     "function_name",
     "html_of",
@@ -25,27 +28,6 @@ __all__ = [
     "human_time",
     "mesh_text",
 ]
-
-# {"plan" | "report" | "cost": record -> HTML}; registered by shardlab.widgets.
-HTML_VIEWERS: dict[str, Callable[[Any], str]] = {}
-
-
-def human_bytes(num: float) -> str:
-    """``512 B``, ``1.5 KiB``, ``3.2 MiB``: binary units, one decimal."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(num) < 1024 or unit == "TiB":
-            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.1f} {unit}"
-        num /= 1024
-    return f"{num:.1f} TiB"
-
-
-def human_time(seconds: float) -> str:
-    """``3.12 ms``, ``41.0 µs``, ``1.20 s``."""
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.1f} µs"
 
 
 def mesh_text(mesh_shape: dict[str, int]) -> str:
@@ -56,7 +38,7 @@ def mesh_text(mesh_shape: dict[str, int]) -> str:
 
 
 def html_of(kind: str, record: Any) -> str:
-    viewer = HTML_VIEWERS.get(kind)
+    viewer = view_for(f"html:{kind}")
     if viewer is not None:
         try:
             return viewer(record)
@@ -184,8 +166,8 @@ def cost_text(cost: Any) -> str:
 
 # -- long work: the default progress display --------------------------------------------------
 # ``what -> bar``: a bar is a context manager and a ``(fraction, message)`` callback with
-# ``done(message)``; registered by shardlab.widgets (an ipywidgets bar in a notebook, a text
-# bar in a terminal). None: no display.
+# ``done(message)``. Empty: the ``progress`` view (``_core/views.py``: an ipywidgets bar in a
+# notebook, a text bar in a terminal, none elsewhere); a caller may push its own.
 PROGRESS_FACTORY: list[Callable[[str], Any]] = []
 
 
@@ -225,10 +207,13 @@ class _Nested:
 def progress_bar(what: str) -> Any:
     """The registered progress display for ``what`` (a silent one when none is, or when
     this thread already shows a bar)."""
-    if not PROGRESS_FACTORY or getattr(_ACTIVE, "depth", 0):
+    if getattr(_ACTIVE, "depth", 0):
+        return _NoBar()
+    factory = PROGRESS_FACTORY[-1] if PROGRESS_FACTORY else view_for("progress")
+    if factory is None:
         return _NoBar()
     try:
-        return _Nested(PROGRESS_FACTORY[-1](what))
+        return _Nested(factory(what))
     except Exception:  # a display problem never stops the work
         return _NoBar()
 

@@ -3,17 +3,15 @@
 A plan stores argument paths as ``params/blocks/3/w1`` (stable, JSON-friendly, the keys of
 annotations). Views show them as Python would index them — ``params["blocks"][3]["w1"]``,
 ``batch[0]`` — and fold repeated layers into one group (``params["blocks"][*]["w1"]``).
-Source lines read ``In [8], line 2`` for a notebook cell (IPython's map from its compiled
-cell files to execution counts, read through ``sys.modules``: the core never imports
-IPython) and ``shardlab/examples/transformer.py:44`` for a file; shardlab's own files are
-never named as the source of anything.
+Source lines (``In [8], line 2``, ``shardlab/examples/transformer.py:44``) have one format
+everywhere: ``_core/source.py``, re-exported here for the views.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import sys
+
+from shardlab._core.source import is_own_file, source_label
 
 __all__ = [
     "COMPILER_INSERTED",
@@ -27,10 +25,6 @@ __all__ = [
 COMPILER_INSERTED = "(compiler-inserted)"
 _INDEX = re.compile(r"-?\d+")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_OWN = tuple(
-    os.sep + os.path.join("shardlab", part) + os.sep
-    for part in ("engine", "kernel", "parallel", "widgets", "bench")
-)
 
 
 def _component(part: str) -> str:
@@ -71,48 +65,3 @@ def group_label(path: str) -> str:
         return path_label(path)
     prefix, _, rest = found
     return path_label(f"{prefix}/*/{rest}")
-
-
-def is_own_file(path: str) -> bool:
-    """A file of shardlab's own machinery (not its ``examples/``, which are user models)."""
-    return any(own in path for own in _OWN)
-
-
-def _cell_number(path: str) -> int | None:
-    """The execution count of the notebook cell IPython compiled to ``path`` (ipykernel
-    names cells ``/tmp/ipykernel_<pid>/<hash>.py``), or None."""
-    ipython = sys.modules.get("IPython")
-    get = getattr(ipython, "get_ipython", None)
-    shell = get() if callable(get) else None
-    filenames = getattr(getattr(shell, "compile", None), "_filename_map", None)
-    number = filenames.get(path) if isinstance(filenames, dict) else None
-    return number if isinstance(number, int) else None
-
-
-def source_label(source: str, *, missing: str = "?") -> str:
-    """A ``file:line`` as a person reads it: ``In [8], line 2`` for a notebook cell, the path
-    from its import root for a module (``shardlab/examples/transformer.py:44``).
-
-    ``missing`` is what an empty source reads (``COMPILER_INSERTED`` for a collective, whose
-    instruction no user line asked for); a source inside shardlab's own machinery reads the
-    same (it is never the user's line).
-    """
-    if not source:
-        return missing
-    path, sep, line = source.rpartition(":")
-    if not sep or not line.isdigit():
-        return source
-    if is_own_file(path):
-        return missing
-    cell = _cell_number(path)
-    if cell is not None:
-        return f"In [{cell}], line {line}"
-    if re.search(r"ipykernel_\d+", path):  # a cell of another session (a saved record)
-        return f"a notebook cell, line {line}"
-    roots = [r for r in (*sys.path, os.getcwd()) if r and os.path.isabs(r)]
-    best = ""
-    for root in roots:
-        root = root.rstrip(os.sep) + os.sep
-        if path.startswith(root) and len(root) > len(best):
-            best = root
-    return f"{path[len(best) :]}:{line}" if best else source

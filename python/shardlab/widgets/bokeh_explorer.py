@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._core.units import byte_unit, time_unit
 from ..parallel.plan.plan import Plan
 from ..parallel.specs import make_spec
 from ._bokeh import BokehView
 from ._html import View, esc, fmt_bytes, fmt_time, panel, table
-from .bokeh_timeline import time_unit
 from .explore_candidates import BUDGETS, METHODS, Candidate, Collected, collect, pareto_front
 
 ORIGIN_COLORS = {"method": "#0072B2", "baseline": "#E69F00", "budget": "#009E73", "plan": "#CC79A7"}
@@ -37,13 +37,6 @@ SVG_W, SVG_H, PAD = 560, 300, 50
 SUMMARY_SPECS = 4
 HOVER_SPECS = 1  # a tooltip does not wrap: the details below the plot list more
 SCROLL = "max-height:320px;max-width:100%;overflow:auto;margin:2px 0"
-
-
-def byte_unit(num: float) -> tuple[str, float]:
-    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if num >= factor:
-            return unit, 1 / factor
-    return "B", 1.0
 
 
 def summary(c: Candidate, *, specs: int = SUMMARY_SPECS) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .._core.units import time_unit
 from ..parallel.cost.schedule import Timeline
 from ._bokeh import BokehView
 from ._html import KIND_COLORS, View, esc, fmt_bytes, fmt_time, source_label
@@ -34,15 +35,6 @@ COMPUTE_COLOR = "#9ecae1"
 EXPOSED_COLOR = "#b00020"
 WIDTH = 960
 ROW_PX = 30
-
-
-def time_unit(seconds: float) -> tuple[str, float]:
-    """The unit a person reads a span of ``seconds`` in, and its factor."""
-    if seconds >= 1:
-        return "s", 1.0
-    if seconds >= 1e-3:
-        return "ms", 1e3
-    return "µs", 1e6
 
 
 def difference_note(model: Timeline, measured: Timeline, *, platform: str = "") -> str:

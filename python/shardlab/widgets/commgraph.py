@@ -15,7 +15,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..parallel.plan.plan import VIEWERS, Plan
+from .._core.views import register_view
+from ..parallel.plan.plan import Plan
 from ..parallel.records import COLLECTIVE_KINDS, Collective, CostBreakdown, Report
 from ._html import (
     KIND_COLORS,
@@ -237,8 +238,8 @@ def commgraph(
 
     A bad spec shows as an error in the view (naming argument, dimension and sizes).
     """
-    from ..parallel import analyze
-    from ..parallel import predict as predict_cost
+    from ..parallel.compiled.analyze import analyze
+    from ..parallel.cost.predict import predict as predict_cost
     from ..parallel.specs import ShardingSpecError
 
     notes = []
@@ -276,11 +277,7 @@ def plan_view(plan: Plan) -> CommGraphView:
     return CommGraphView(actual, plan.cost, title=f"plan ({plan.method})", notes=notes)
 
 
-def _register() -> None:
-    VIEWERS["plan"] = plan_view
-
-
-_register()
+register_view("plan", plan_view)
 
 
 class _Error(View):

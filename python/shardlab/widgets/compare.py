@@ -3,8 +3,9 @@ equation found, in self-contained HTML (the records' ``text()`` is the plain for
 
 from __future__ import annotations
 
+from .._core.views import register_view
 from ..engine.bisect import BisectReport
-from ..engine.compare import VIEWERS, CompareReport
+from ..engine.compare import CompareReport
 from ..engine.numerics import fmt
 from ._html import Raw, esc, panel, table
 
@@ -112,5 +113,5 @@ def bisect_html(report: BisectReport) -> str:
     return panel("sl-bisect", "".join(parts), title="first diverging equation")
 
 
-VIEWERS["compare"] = compare_html  # type: ignore[assignment]
-VIEWERS["bisect"] = bisect_html  # type: ignore[assignment]
+register_view("compare", compare_html)
+register_view("bisect", bisect_html)

@@ -25,9 +25,10 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, PartitionSpec
 
-from ..parallel import analyze, predict
+from ..parallel.compiled.analyze import analyze
 from ..parallel.cost import layouts as L
 from ..parallel.cost.pipeline import PipelineCost, predict_pipeline
+from ..parallel.cost.predict import predict
 from ..parallel.cost.remat import POLICIES, layer_scans
 from ..parallel.display import human_bytes, human_time
 from ..parallel.errors import SearchError

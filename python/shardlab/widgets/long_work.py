@@ -1,6 +1,6 @@
 """The default progress display of long calls (``search``, ``plan.verify()``).
 
-Registered in ``parallel.display.PROGRESS_FACTORY`` on import: an ipywidgets bar in a
+Registered as the ``progress`` view (``_core/views.py``) on import: an ipywidgets bar in a
 notebook, a text bar on a terminal (stderr a tty), nothing in a log or a test run. Work that
 ends within about a second shows nothing. A ticker thread re-offers the last state, so a
 bar appears even while the caller is blocked in C++ (XLA compiling) and cannot call it.
@@ -12,7 +12,7 @@ import sys
 import threading
 from typing import Any
 
-from ..parallel.display import PROGRESS_FACTORY
+from .._core.views import register_view
 from .progress_bar import ProgressBar, _in_notebook
 
 TICK_S = 0.25
@@ -66,4 +66,4 @@ def default_bar(what: str) -> Any:
     raise LookupError("no display for progress here")  # progress_bar() falls back to none
 
 
-PROGRESS_FACTORY.append(default_bar)
+register_view("progress", default_bar)

@@ -1,16 +1,17 @@
 """Rich notebook forms of ``Plan``, ``Report`` and ``CostBreakdown``: summary first, then
 collapsible tables (``<details>``: no JavaScript, so VS Code and saved notebooks show them).
 
-Registered in ``parallel.display.HTML_VIEWERS`` on import; the records' ``_repr_html_``
-asks for them (the core never imports the views).
+Registered as the ``html:plan|report|cost`` views (``_core/views.py``) on import; the
+records' ``_repr_html_`` asks for them (the core never imports the views).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .._core.views import register_view
 from ..parallel.cost.profiles import describe_profile
-from ..parallel.display import HTML_VIEWERS, mesh_text
+from ..parallel.display import mesh_text
 from ..parallel.labels import group_label, path_label
 from ..parallel.records import COLLECTIVE_KINDS, CostBreakdown, Report
 from ._html import KIND_COLORS, Raw, esc, fmt_bytes, fmt_time, panel, source_label, table
@@ -208,4 +209,6 @@ def cost_html(cost: CostBreakdown) -> str:
     return panel("sl-cost", body, title="CostBreakdown (predicted)")
 
 
-HTML_VIEWERS.update(plan=plan_html, report=report_html, cost=cost_html)
+register_view("html:plan", plan_html)
+register_view("html:report", report_html)
+register_view("html:cost", cost_html)

@@ -767,8 +767,8 @@ def equations(case: Case) -> int:
     return sum(primitive_inventory(case).values())
 
 
-def leaves_allclose(a: Any, b: Any, rtol: float = 2e-4, atol: float = 2e-5) -> bool:
-    """Whether two pytrees have allclose leaves (key leaves compared by their data)."""
+def leaves_equal(a: Any, b: Any) -> bool:
+    """Whether two pytrees hold identical leaves (key leaves compared by their data)."""
 
     def data(x: Any) -> np.ndarray:
         if jax.dtypes.issubdtype(getattr(x, "dtype", np.float32), jax.dtypes.extended):
@@ -777,5 +777,5 @@ def leaves_allclose(a: Any, b: Any, rtol: float = 2e-4, atol: float = 2e-5) -> b
 
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
     return len(la) == len(lb) and all(
-        np.allclose(data(x), data(y), rtol=rtol, atol=atol) for x, y in zip(la, lb, strict=True)
+        np.array_equal(data(x), data(y)) for x, y in zip(la, lb, strict=True)
     )

@@ -28,25 +28,13 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
+from shardlab._core.jaxprs import CONTROL_FLOW, inlined_body, split_closed
+
 try:  # the user's frame of an equation; private, so guarded
     from jax._src import source_info_util as _siu
 except ImportError:  # pragma: no cover - depends on the jax version
     _siu = None
 
-INLINED = {
-    "jit": "jaxpr",
-    "pjit": "jaxpr",
-    "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
-    "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
-    "custom_vjp_call_jaxpr": "fun_jaxpr",
-    "remat": "jaxpr",
-    "remat2": "jaxpr",
-    "checkpoint": "jaxpr",
-    "custom_lin": None,
-}
-CONTROL_FLOW = {"scan": ("jaxpr",), "while": ("cond_jaxpr", "body_jaxpr"), "cond": ("branches",)}
 # Largest length × body equations a scan may have to be unrolled for the search; larger scans
 # stay one (replicated) node.
 SCAN_UNROLL_LIMIT = 200_000
@@ -263,7 +251,7 @@ class _Builder:
             name = eqn.primitive.name
             # Equations inside library code (jax.nn.relu's custom_jvp) take the caller's line.
             source = _source(eqn) or outer_source
-            inner = _inline_jaxpr(name, eqn.params)
+            inner = inlined_body(name, eqn.params)
             if inner is not None:
                 sub, sub_consts = inner
                 if len(sub.invars) == len(ins):
@@ -302,7 +290,7 @@ class _Builder:
 
     def unrollable(self, params: dict[str, Any]) -> bool:
         length = int(params.get("length", 0))
-        body, _ = _split_closed(params["jaxpr"])
+        body, _ = split_closed(params["jaxpr"])
         return 0 < length and length * max(1, len(body.eqns)) <= self.unroll_limit
 
     def synthetic(
@@ -324,7 +312,7 @@ class _Builder:
         """Walk the body once per iteration (see the module docstring); returns the ids of
         the scan's results (the last carry-out, then the stacked outputs)."""
         p = eqn.params
-        body, body_consts = _split_closed(p["jaxpr"])
+        body, body_consts = split_closed(p["jaxpr"])
         n_consts, n_carry = int(p["num_consts"]), int(p["num_carry"])
         length, reverse = int(p["length"]), bool(p["reverse"])
         consts, carry = list(ins[:n_consts]), list(ins[n_consts : n_consts + n_carry])
@@ -399,24 +387,6 @@ class _Builder:
         return [*carry, *buffers]
 
 
-def _split_closed(j: Any) -> tuple[Any, list[Any]]:
-    if hasattr(j, "jaxpr") and hasattr(j, "consts"):
-        return j.jaxpr, list(j.consts)
-    return j, []
-
-
-def _inline_jaxpr(name: str, params: dict[str, Any]) -> tuple[Any, list[Any]] | None:
-    if name not in INLINED:
-        return None
-    key = INLINED[name]
-    if key is None or key not in params:
-        found = list(jex_core.jaxprs_in_params(params))
-        if len(found) != 1:
-            return None
-        return found[0], []
-    return _split_closed(params[key])
-
-
 def _control_jaxprs(name: str, params: dict[str, Any]) -> list[Any]:
     out = []
     for key in CONTROL_FLOW.get(name, ()):
@@ -450,7 +420,7 @@ def build_from_jaxpr(
         unroll_limit: largest ``length × body equations`` unrolled (default
             ``SCAN_UNROLL_LIMIT``); larger scans stay one node.
     """
-    jaxpr, consts = _split_closed(closed)
+    jaxpr, consts = split_closed(closed)
     limit = SCAN_UNROLL_LIMIT if unroll_limit is None else unroll_limit
     b = _Builder(limit if unroll_scans else 0)
     ins = [b.new_var(v.aval) for v in jaxpr.invars]

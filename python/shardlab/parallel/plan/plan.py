@@ -20,6 +20,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from shardlab._core.views import view_for
 from shardlab.parallel.arguments import abstract_args, place, split
 from shardlab.parallel.compiled.analyze import analyze
 from shardlab.parallel.cost import layouts as L
@@ -209,12 +210,14 @@ class Plan(_Record):
     def show(self) -> Any:
         """The plan's communication graph: predicted (this plan's cost) beside compiled.
 
-        Rendered by ``shardlab.widgets`` (which ``import shardlab`` loads); the parallel core
-        itself never imports a view library.
+        Rendered by ``shardlab.widgets``, loaded on first use (``_core/views.py``); the
+        parallel core itself never imports a view library.
         """
-        viewer = VIEWERS.get("plan")
+        viewer = view_for("plan")
         if viewer is None:
-            raise RuntimeError("plan.show() needs the views: import shardlab first")
+            raise RuntimeError(
+                "plan.show() needs the views (ipywidgets, bokeh): pip install shardlab"
+            )
         return viewer(self)
 
     def jit(self, **jit_kwargs: Any) -> PlannedJit:
@@ -590,7 +593,3 @@ def _index_rows(plan: Plan) -> list[_IndexRow]:
         return []
     nodes = plan.binding.graph.nodes
     return [_IndexRow(i, nodes[i].source) for i, _, _ in plan.constraints if i < len(nodes)]
-
-
-# Renderers registered by shardlab.widgets (dependency inversion: parallel -> no view code).
-VIEWERS: dict[str, Callable[[Any], Any]] = {}

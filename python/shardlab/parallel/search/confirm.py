@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
+from shardlab._core.units import human_bytes
 from shardlab.parallel.cost.profiles import DeviceProfile, comm_time
 from shardlab.parallel.plan.plan import Plan
 from shardlab.parallel.records import Report
@@ -116,11 +117,8 @@ def ms(seconds: float) -> str:
 
 
 def size(nbytes: float) -> str:
-    """Bytes in human units (B, KiB, MiB, GiB)."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(nbytes) >= scale:
-            return f"{nbytes / scale:.2f} {unit}"
-    return f"{nbytes:.0f} B"
+    """Bytes in human units, two decimals (budgets are compared at that precision)."""
+    return human_bytes(nbytes, digits=2)
 
 
 def confirm(
