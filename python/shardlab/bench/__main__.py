@@ -1,7 +1,10 @@
 """``python -m shardlab.bench [--only NAME ...] [--out docs/benchmarks.md]``.
 
-Runs each benchmark section and writes them, with the machine and the command, to one
-markdown file. Every figure in docs/benchmarks.md comes from here.
+Runs each benchmark section and writes it, with the date, the machine and the command, into
+one markdown file. Each generated section sits between ``<!-- bench:NAME -->`` and
+``<!-- /bench:NAME -->``: a run replaces the sections it ran, in place, and keeps the others
+and every hand-written part (a run of one section no longer starts a second document).
+Every generated figure in docs/benchmarks.md comes from here.
 """
 
 from __future__ import annotations
@@ -33,26 +36,24 @@ def main(argv: list[str] | None = None) -> int:
     jax.config.update("jax_num_cpu_devices", int(os.environ["JAX_NUM_CPU_DEVICES"]))
 
     names = args.only or list(SECTIONS)
-    parts = [
-        "# Benchmarks",
-        "",
-        "Every figure here is produced by `make bench` (`python -m shardlab.bench --out "
-        "docs/benchmarks.md`); re-run it to refresh. Machines are shared and noisy: figures "
-        "are medians, and compared figures are measured side by side in one run.",
-        "",
-        f"- date: {datetime.date.today().isoformat()}",
-        f"- machine: {os.cpu_count()} CPU cores, {platform.machine()}, Python "
-        f"{platform.python_version()}, jax {jax.__version__}",
-        f"- devices: {os.environ['JAX_NUM_CPU_DEVICES']} simulated CPU devices",
-        "",
-    ]
+    machine = (
+        f"{datetime.date.today().isoformat()}, {os.cpu_count()} CPU cores, "
+        f"{platform.machine()}, Python {platform.python_version()}, jax {jax.__version__}, "
+        f"{os.environ['JAX_NUM_CPU_DEVICES']} simulated CPU devices"
+    )
+    sections: dict[str, str] = {}
     for name in names:
         module = importlib.import_module(MODULES.get(name, f"shardlab.bench.{name}"))
         start = time.perf_counter()
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
-        parts.append(module.run())
+        body = module.run().strip()
         print(f"[bench] {name}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    text = "\n".join(parts).rstrip() + "\n"
+        sections[name] = _with_run_line(body, machine, name)
+    old = ""
+    if args.out and os.path.exists(args.out):
+        with open(args.out) as handle:
+            old = handle.read()
+    text = splice(old, sections)
     if args.out:
         with open(args.out, "w") as handle:
             handle.write(text)
@@ -60,6 +61,38 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(text)
     return 0
+
+
+HEADER = (
+    "# Benchmarks\n\n"
+    "Every generated section is produced by `make bench` (`python -m shardlab.bench --out "
+    "docs/benchmarks.md`; one section: `--only NAME`), which replaces it in place; each "
+    "says when and where it ran. Machines are shared and noisy: figures are medians, and "
+    "compared figures are measured side by side in one run.\n"
+)
+
+
+def _with_run_line(body: str, machine: str, name: str) -> str:
+    """The section with the run's date, machine and command under its heading."""
+    heading, _, rest = body.partition("\n")
+    run = f"Run {machine}: `python -m shardlab.bench --only {name}`."
+    return f"{heading}\n\n{run}\n{rest}".rstrip()
+
+
+def splice(old: str, sections: dict[str, str]) -> str:
+    """``old`` with each named section replaced between its markers (appended when absent);
+    everything outside the markers is kept as written."""
+    text = old.strip() or HEADER.strip()
+    for name, body in sections.items():
+        block = f"<!-- bench:{name} -->\n{body}\n<!-- /bench:{name} -->"
+        start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+        if start in text and end in text:
+            head, _, rest = text.partition(start)
+            _, _, tail = rest.partition(end)
+            text = head + block + tail
+        else:
+            text = text.rstrip() + "\n\n" + block
+    return text.rstrip() + "\n"
 
 
 if __name__ == "__main__":

@@ -155,7 +155,7 @@ def _model(layers: int) -> list[str]:
 
 def run() -> str:
     parts = [
-        "## Memory budgets: five-dimensional plans (issue 15)",
+        "## Memory budgets: five-dimensional plans",
         "",
         (__doc__ or "").split("\n\n")[1].replace("\n", " "),
         "",

@@ -65,7 +65,7 @@ def run() -> str:
     superseded = sum(r.superseded for r in stale_results)
     median_refresh = statistics.median(refresh)
     lines = [
-        "## Strategy editor latency (issue 4)",
+        "## Strategy editor latency",
         "",
         "Command: `make bench` (section `shardlab.bench.editor`). A 4-layer GPT-style train "
         "step (`shardlab.examples.gpt(4)`: embedding, attention, MLP, layer norm; SGD with "

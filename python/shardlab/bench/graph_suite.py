@@ -1512,7 +1512,7 @@ def section(suite: SuiteResult, command: str = "python -m shardlab.bench --only 
     expected = [r for r in results if r.item.traces is not None]
     as_expected = sum(bool(r.traces_as_expected) for r in expected)
     lines = [
-        "## Graph mode vs %%jit (issue 16)",
+        "## Graph mode vs %%jit",
         "",
         f"Command: `{command}` (section `shardlab.bench.graph_suite`). "
         f"{len(results)} tutorial-style cells (training loops, RNG, flax nnx, equinox, optax, "

@@ -169,7 +169,7 @@ def run() -> str:
     base = overhead["ipykernel"]
     mib = 2**20
     lines = [
-        "## Kernel (issue 5)",
+        "## Kernel",
         "",
         "Command: `make bench` (section `shardlab.bench.kernel`). Real kernel processes driven "
         "through jupyter_client; medians; kernels measured side by side, interleaved in blocks "

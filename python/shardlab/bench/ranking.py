@@ -268,7 +268,7 @@ def run(cases: Sequence[examples.Case] | None = None, meshes=MESHES) -> str:
         f"| auto no slower, strictly | {s['auto_calibrated_strict']:.0f}/{s['cases']:.0f} | "
         f"{s['auto_datasheet_strict']:.0f}/{s['cases']:.0f} |",
         "",
-        "Targets (issue 14): τ ≥ 0.8; auto no slower on ≥ 90% of cases.",
+        "Targets: τ ≥ 0.8; auto no slower on ≥ 90% of cases.",
         "",
         "The measurement against itself: every plan measured a second time, compiled and "
         "placed anew, in the same interleaved rounds; τ of the second medians against the "

@@ -161,7 +161,7 @@ def markdown(cases: list[CaseRow]) -> str:
     equal = sum(p.equal for p in plans)
     clean = sum(c.fallbacks == "none" for c in cases)
     lines = [
-        "## Corpus: other people's models (issue 17)",
+        "## Corpus: other people's models",
         "",
         "Train steps written after public JAX code on the real libraries (flax linen and nnx, "
         'equinox, optax; `shardlab.bench.corpus`), searched with `method="auto"` and compared '
