@@ -13,110 +13,110 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._version import __version__ as __version__
+from shardlab._version import __version__ as __version__
 
 if TYPE_CHECKING:  # the same names for type checkers (``X as X``: re-exported)
-    from . import data as data
-    from . import examples as examples
-    from . import strategies as strategies
-    from .engine.bisect import BisectReport as BisectReport
-    from .engine.bisect import bisect as bisect
-    from .engine.compare import CompareReport as CompareReport
-    from .engine.compare import compare as compare
-    from .engine.convert import ControlFlowError as ControlFlowError
-    from .engine.convert import converted as converted
-    from .engine.convert import to_static as to_static
-    from .engine.devices import DeviceSpecError as DeviceSpecError
-    from .engine.devices import SwitchReport as SwitchReport
-    from .engine.graph import GraphCache as GraphCache
-    from .engine.graph import GraphStagingError as GraphStagingError
-    from .engine.memory import ReleaseReport as ReleaseReport
-    from .engine.modes import ModeError as ModeError
-    from .engine.numerics import Tolerance as Tolerance
-    from .kernel.release import release as release
-    from .parallel.compiled.analyze import analyze as analyze
-    from .parallel.cost.calibrate import calibrate as calibrate
-    from .parallel.cost.calibrate import load_profile as load_profile
-    from .parallel.cost.predict import predict as predict
-    from .parallel.cost.profiles import DEVICE_PROFILES as DEVICE_PROFILES
-    from .parallel.cost.profiles import DeviceProfile as DeviceProfile
-    from .parallel.errors import SearchError as SearchError
-    from .parallel.mesh import mesh as mesh
-    from .parallel.plan.pipeline import with_pipeline as with_pipeline
-    from .parallel.plan.plan import Plan as Plan
-    from .parallel.plan.remat import with_remat as with_remat
-    from .parallel.records import Collective as Collective
-    from .parallel.records import CostBreakdown as CostBreakdown
-    from .parallel.records import Layout as Layout
-    from .parallel.records import MemoryBreakdown as MemoryBreakdown
-    from .parallel.records import PipelineSpec as PipelineSpec
-    from .parallel.records import PlanRow as PlanRow
-    from .parallel.records import RematSpec as RematSpec
-    from .parallel.records import Report as Report
-    from .parallel.search.driver import confirm_plan as confirm  # noqa: F401 (in __all__)
-    from .parallel.search.driver import search as search
-    from .parallel.specs import ShardingSpecError as ShardingSpecError
-    from .widgets.bokeh_explorer import explore as explore
-    from .widgets.commgraph import commgraph as commgraph
-    from .widgets.editor import editor as editor
-    from .widgets.layout import show as show
-    from .widgets.memory import memory as memory
-    from .widgets.pipeline_view import pipeline_timeline as pipeline_timeline
-    from .widgets.timeline import timeline as timeline
-    from .widgets.watch import watch as watch
+    from shardlab import data as data
+    from shardlab import examples as examples
+    from shardlab import strategies as strategies
+    from shardlab.engine.bisect import BisectReport as BisectReport
+    from shardlab.engine.bisect import bisect as bisect
+    from shardlab.engine.compare import CompareReport as CompareReport
+    from shardlab.engine.compare import compare as compare
+    from shardlab.engine.convert import ControlFlowError as ControlFlowError
+    from shardlab.engine.convert import converted as converted
+    from shardlab.engine.convert import to_static as to_static
+    from shardlab.engine.devices import DeviceSpecError as DeviceSpecError
+    from shardlab.engine.devices import SwitchReport as SwitchReport
+    from shardlab.engine.graph import GraphCache as GraphCache
+    from shardlab.engine.graph import GraphStagingError as GraphStagingError
+    from shardlab.engine.memory import ReleaseReport as ReleaseReport
+    from shardlab.engine.modes import ModeError as ModeError
+    from shardlab.engine.numerics import Tolerance as Tolerance
+    from shardlab.kernel.release import release as release
+    from shardlab.parallel.compiled.analyze import analyze as analyze
+    from shardlab.parallel.cost.calibrate import calibrate as calibrate
+    from shardlab.parallel.cost.calibrate import load_profile as load_profile
+    from shardlab.parallel.cost.predict import predict as predict
+    from shardlab.parallel.cost.profiles import DEVICE_PROFILES as DEVICE_PROFILES
+    from shardlab.parallel.cost.profiles import DeviceProfile as DeviceProfile
+    from shardlab.parallel.errors import SearchError as SearchError
+    from shardlab.parallel.mesh import mesh as mesh
+    from shardlab.parallel.plan.pipeline import with_pipeline as with_pipeline
+    from shardlab.parallel.plan.plan import Plan as Plan
+    from shardlab.parallel.plan.remat import with_remat as with_remat
+    from shardlab.parallel.records import Collective as Collective
+    from shardlab.parallel.records import CostBreakdown as CostBreakdown
+    from shardlab.parallel.records import Layout as Layout
+    from shardlab.parallel.records import MemoryBreakdown as MemoryBreakdown
+    from shardlab.parallel.records import PipelineSpec as PipelineSpec
+    from shardlab.parallel.records import PlanRow as PlanRow
+    from shardlab.parallel.records import RematSpec as RematSpec
+    from shardlab.parallel.records import Report as Report
+    from shardlab.parallel.search.driver import confirm_plan as confirm  # noqa: F401 (in __all__)
+    from shardlab.parallel.search.driver import search as search
+    from shardlab.parallel.specs import ShardingSpecError as ShardingSpecError
+    from shardlab.widgets.bokeh_explorer import explore as explore
+    from shardlab.widgets.commgraph import commgraph as commgraph
+    from shardlab.widgets.editor import editor as editor
+    from shardlab.widgets.layout import show as show
+    from shardlab.widgets.memory import memory as memory
+    from shardlab.widgets.pipeline_view import pipeline_timeline as pipeline_timeline
+    from shardlab.widgets.timeline import timeline as timeline
+    from shardlab.widgets.watch import watch as watch
 
 # The public face, once: name -> "module" or "module:attribute" (the module defining it).
 # ``__all__`` is this table's names; the ``TYPE_CHECKING`` imports above are the same names
 # for type checkers, and tests/test_architecture.py checks that the two agree.
 _PUBLIC: dict[str, str] = {
-    "data": ".data",
-    "examples": ".examples",
-    "strategies": ".strategies",
-    "GraphCache": ".engine.graph:GraphCache",
-    "GraphStagingError": ".engine.graph:GraphStagingError",
-    "ModeError": ".engine.modes:ModeError",
-    "ReleaseReport": ".engine.memory:ReleaseReport",
-    "compare": ".engine.compare:compare",
-    "CompareReport": ".engine.compare:CompareReport",
-    "bisect": ".engine.bisect:bisect",
-    "BisectReport": ".engine.bisect:BisectReport",
-    "Tolerance": ".engine.numerics:Tolerance",
-    "ControlFlowError": ".engine.convert:ControlFlowError",
-    "converted": ".engine.convert:converted",
-    "to_static": ".engine.convert:to_static",
-    "DeviceSpecError": ".engine.devices:DeviceSpecError",
-    "SwitchReport": ".engine.devices:SwitchReport",
-    "release": ".kernel.release:release",
-    "DEVICE_PROFILES": ".parallel.cost.profiles:DEVICE_PROFILES",
-    "DeviceProfile": ".parallel.cost.profiles:DeviceProfile",
-    "Collective": ".parallel.records:Collective",
-    "CostBreakdown": ".parallel.records:CostBreakdown",
-    "Layout": ".parallel.records:Layout",
-    "MemoryBreakdown": ".parallel.records:MemoryBreakdown",
-    "Report": ".parallel.records:Report",
-    "PlanRow": ".parallel.records:PlanRow",
-    "PipelineSpec": ".parallel.records:PipelineSpec",
-    "RematSpec": ".parallel.records:RematSpec",
-    "ShardingSpecError": ".parallel.specs:ShardingSpecError",
-    "analyze": ".parallel.compiled.analyze:analyze",
-    "mesh": ".parallel.mesh:mesh",
-    "predict": ".parallel.cost.predict:predict",
-    "calibrate": ".parallel.cost.calibrate:calibrate",
-    "load_profile": ".parallel.cost.calibrate:load_profile",
-    "SearchError": ".parallel.errors:SearchError",
-    "Plan": ".parallel.plan.plan:Plan",
-    "with_pipeline": ".parallel.plan.pipeline:with_pipeline",
-    "with_remat": ".parallel.plan.remat:with_remat",
-    "search": ".parallel.search.driver:search",
-    "confirm": ".parallel.search.driver:confirm_plan",
-    "commgraph": ".widgets.commgraph:commgraph",
-    "editor": ".widgets.editor:editor",
-    "explore": ".widgets.bokeh_explorer:explore",
-    "memory": ".widgets.memory:memory",
-    "pipeline_timeline": ".widgets.pipeline_view:pipeline_timeline",
-    "show": ".widgets.layout:show",
-    "timeline": ".widgets.timeline:timeline",
-    "watch": ".widgets.watch:watch",
+    "data": "shardlab.data",
+    "examples": "shardlab.examples",
+    "strategies": "shardlab.strategies",
+    "GraphCache": "shardlab.engine.graph:GraphCache",
+    "GraphStagingError": "shardlab.engine.graph:GraphStagingError",
+    "ModeError": "shardlab.engine.modes:ModeError",
+    "ReleaseReport": "shardlab.engine.memory:ReleaseReport",
+    "compare": "shardlab.engine.compare:compare",
+    "CompareReport": "shardlab.engine.compare:CompareReport",
+    "bisect": "shardlab.engine.bisect:bisect",
+    "BisectReport": "shardlab.engine.bisect:BisectReport",
+    "Tolerance": "shardlab.engine.numerics:Tolerance",
+    "ControlFlowError": "shardlab.engine.convert:ControlFlowError",
+    "converted": "shardlab.engine.convert:converted",
+    "to_static": "shardlab.engine.convert:to_static",
+    "DeviceSpecError": "shardlab.engine.devices:DeviceSpecError",
+    "SwitchReport": "shardlab.engine.devices:SwitchReport",
+    "release": "shardlab.kernel.release:release",
+    "DEVICE_PROFILES": "shardlab.parallel.cost.profiles:DEVICE_PROFILES",
+    "DeviceProfile": "shardlab.parallel.cost.profiles:DeviceProfile",
+    "Collective": "shardlab.parallel.records:Collective",
+    "CostBreakdown": "shardlab.parallel.records:CostBreakdown",
+    "Layout": "shardlab.parallel.records:Layout",
+    "MemoryBreakdown": "shardlab.parallel.records:MemoryBreakdown",
+    "Report": "shardlab.parallel.records:Report",
+    "PlanRow": "shardlab.parallel.records:PlanRow",
+    "PipelineSpec": "shardlab.parallel.records:PipelineSpec",
+    "RematSpec": "shardlab.parallel.records:RematSpec",
+    "ShardingSpecError": "shardlab.parallel.specs:ShardingSpecError",
+    "analyze": "shardlab.parallel.compiled.analyze:analyze",
+    "mesh": "shardlab.parallel.mesh:mesh",
+    "predict": "shardlab.parallel.cost.predict:predict",
+    "calibrate": "shardlab.parallel.cost.calibrate:calibrate",
+    "load_profile": "shardlab.parallel.cost.calibrate:load_profile",
+    "SearchError": "shardlab.parallel.errors:SearchError",
+    "Plan": "shardlab.parallel.plan.plan:Plan",
+    "with_pipeline": "shardlab.parallel.plan.pipeline:with_pipeline",
+    "with_remat": "shardlab.parallel.plan.remat:with_remat",
+    "search": "shardlab.parallel.search.driver:search",
+    "confirm": "shardlab.parallel.search.driver:confirm_plan",
+    "commgraph": "shardlab.widgets.commgraph:commgraph",
+    "editor": "shardlab.widgets.editor:editor",
+    "explore": "shardlab.widgets.bokeh_explorer:explore",
+    "memory": "shardlab.widgets.memory:memory",
+    "pipeline_timeline": "shardlab.widgets.pipeline_view:pipeline_timeline",
+    "show": "shardlab.widgets.layout:show",
+    "timeline": "shardlab.widgets.timeline:timeline",
+    "watch": "shardlab.widgets.watch:watch",
 }
 
 
@@ -126,7 +126,7 @@ def __getattr__(name: str) -> Any:
     if target is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module, _, attr = target.partition(":")
-    loaded = importlib.import_module(module, __name__)
+    loaded = importlib.import_module(module)
     value = getattr(loaded, attr) if attr else loaded
     globals()[name] = value
     return value
@@ -148,7 +148,7 @@ def load_ipython_extension(ipython: Any) -> None:
     Device pinning must happen before JAX starts; if JAX is already running, ``%devices``
     explains the options (an in-process CPU switch, or a pinned kernelspec).
     """
-    from .kernel.register import register
+    from shardlab.kernel.register import register
 
     register(ipython)
     print(_pinning_note())
@@ -172,6 +172,6 @@ def _pinning_note() -> str:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    from .kernel.register import unregister
+    from shardlab.kernel.register import unregister
 
     unregister(ipython)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .kernel.kernelspec import DEFAULT_DEVICES, DEFAULT_NAME
+from shardlab.kernel.kernelspec import DEFAULT_DEVICES, DEFAULT_NAME
 
 _EPILOG = """\
 examples:
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "install":
         return _install(parser, args)
     if args.command == "uninstall":
-        from .kernel.kernelspec import uninstall
+        from shardlab.kernel.kernelspec import uninstall
 
         print(f"removed {uninstall(args.name)}")
         return 0
@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _install(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from .engine.devices import DeviceSpecError, parse_devices
-    from .kernel.kernelspec import install, kernel_json, same_display_name
+    from shardlab.engine.devices import DeviceSpecError, parse_devices
+    from shardlab.kernel.kernelspec import install, kernel_json, same_display_name
 
     try:
         device_set = parse_devices(args.devices)

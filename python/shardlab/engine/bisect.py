@@ -36,11 +36,11 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
-from .._core.source import equation_source
-from .._core.views import view_for
-from . import jaxpr_eval
-from .compare import TraceFailure, dynamic_part, trace_failure
-from .numerics import Difference, Tolerance, difference, fmt
+from shardlab._core.source import equation_source
+from shardlab._core.views import view_for
+from shardlab.engine import jaxpr_eval
+from shardlab.engine.compare import TraceFailure, dynamic_part, trace_failure
+from shardlab.engine.numerics import Difference, Tolerance, difference, fmt
 
 __all__ = ["BisectReport", "BisectStep", "bisect"]
 

@@ -15,8 +15,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from .convert_pass import Site, convert_block
-from .convert_pass import walk_scope as walk_scope
+from shardlab.engine.convert_pass import Site, convert_block
+from shardlab.engine.convert_pass import walk_scope as walk_scope
 
 RESULT_NAME = "__shardlab_result__"
 FORMAT_NAME = "__shardlab_format__"

@@ -27,10 +27,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._core.source import user_frame_of_exception
-from .._core.views import view_for
-from . import jaxpr_eval
-from .numerics import Difference, Tolerance, difference, fmt
+from shardlab._core.source import user_frame_of_exception
+from shardlab._core.views import view_for
+from shardlab.engine import jaxpr_eval
+from shardlab.engine.numerics import Difference, Tolerance, difference, fmt
 
 __all__ = ["CompareReport", "LeafComparison", "TraceFailure", "compare"]
 
@@ -221,7 +221,7 @@ _TRACE_ERRORS = (
 
 def trace_failure(error: BaseException) -> TraceFailure:
     """A tracer error explained: the user's line, why, and what to do."""
-    from .errors import _FIXES, _kind
+    from shardlab.engine.errors import _FIXES, _kind
 
     kind = _kind(error) if isinstance(error, _TRACE_ERRORS) else "other"
     reason, fix = _FIXES.get(
@@ -381,7 +381,7 @@ def _call_text(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, An
     """The ``shardlab.bisect(...)`` call with the user's own argument expressions when the
     calling line can be read (``shardlab.compare(loss, params, batch)``), else with
     placeholders."""
-    from .callsite import caller_arguments
+    from shardlab.engine.callsite import caller_arguments
 
     found = caller_arguments("compare")
     if found is not None:

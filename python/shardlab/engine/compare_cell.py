@@ -25,14 +25,14 @@ from typing import Any
 
 import jax
 
-from .bisect import BisectReport, bisect
-from .cellsource import FORMAT_NAME, RESULT_NAME, analyse_cell
-from .compare import CompareReport, TraceFailure, _is_array, run_three_ways
-from .convert_loops import Runtime
-from .convert_ops import Undefined
-from .convert_pass import RUNTIME
-from .graph import DeferredFormat, GraphCache, GraphStagingError, run_graph_cell
-from .numerics import Tolerance
+from shardlab.engine.bisect import BisectReport, bisect
+from shardlab.engine.cellsource import FORMAT_NAME, RESULT_NAME, analyse_cell
+from shardlab.engine.compare import CompareReport, TraceFailure, _is_array, run_three_ways
+from shardlab.engine.convert_loops import Runtime
+from shardlab.engine.convert_ops import Undefined
+from shardlab.engine.convert_pass import RUNTIME
+from shardlab.engine.graph import DeferredFormat, GraphCache, GraphStagingError, run_graph_cell
+from shardlab.engine.numerics import Tolerance
 
 __all__ = ["bisect_cell", "compare_cell"]
 
@@ -252,7 +252,7 @@ def _compare(
         names.extend(n for n, v in values.items() if any(_is_array(x) for x in _leaves(v)))
         return values
 
-    from .compare import dynamic_part
+    from shardlab.engine.compare import dynamic_part
 
     dynamic, arrays = dynamic_part(traced, (inputs,), {})
     try:

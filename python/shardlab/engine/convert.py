@@ -25,11 +25,11 @@ from typing import Any
 
 import jax
 
-from .._core.source import line_label as source_line_label
-from .convert_loops import Runtime
-from .convert_lower import function_def
-from .convert_ops import ControlFlowError, ConversionNote, reverse_ad
-from .convert_pass import RUNTIME, PassResult, convert_block
+from shardlab._core.source import line_label as source_line_label
+from shardlab.engine.convert_loops import Runtime
+from shardlab.engine.convert_lower import function_def
+from shardlab.engine.convert_ops import ControlFlowError, ConversionNote, reverse_ad
+from shardlab.engine.convert_pass import RUNTIME, PassResult, convert_block
 
 __all__ = ["ControlFlowError", "ConversionNote", "Runtime", "converted", "to_static"]
 

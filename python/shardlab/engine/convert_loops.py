@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .convert_ops import (
+from shardlab.engine.convert_ops import (
     _REVERSE_AD,
     CondOps,
     ControlFlowError,

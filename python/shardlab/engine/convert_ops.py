@@ -31,8 +31,8 @@ from jax import lax
 from jax._src import source_info_util
 from jax.core import Tracer
 
-from .convert_pass import RETURN_VALUE, Site
-from .errors import GraphStagingError
+from shardlab.engine.convert_pass import RETURN_VALUE, Site
+from shardlab.engine.errors import GraphStagingError
 
 # Equations staged here belong to the user's line that called us (the converted statement),
 # for tracebacks, jaxpr source info and the compiled program's metadata.

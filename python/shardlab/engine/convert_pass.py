@@ -25,7 +25,7 @@ import ast
 import copy
 from dataclasses import dataclass, field
 
-from .convert_lower import (
+from shardlab.engine.convert_lower import (
     _SCOPES,
     PREFIX,
     RETURN_FLAG,

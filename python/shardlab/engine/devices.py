@@ -478,7 +478,7 @@ def _weak(array: Any) -> Any:
 def _old_arrays_in(value: Any, known: set[int]) -> bool:
     """Whether ``value`` reaches (through objects, closures...) an array not in ``known``:
     one the switch could not replace, still on the old devices."""
-    from .memory import reachable_array_ids
+    from shardlab.engine.memory import reachable_array_ids
 
     return bool(reachable_array_ids([value], max_objects=20_000) - known)
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import jax
 
 if TYPE_CHECKING:
-    from .cellsource import CellSource
+    from shardlab.engine.cellsource import CellSource
 
 
 class GraphStagingError(Exception):

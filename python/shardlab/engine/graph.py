@@ -29,12 +29,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import state
-from .cellsource import FORMAT_NAME, RESULT_NAME, CellSource, analyse_cell
-from .convert_loops import Runtime
-from .convert_ops import ControlFlowError, Undefined
-from .convert_pass import RUNTIME
-from .errors import GraphStagingError, translate_trace_error
+from shardlab.engine import state
+from shardlab.engine.cellsource import FORMAT_NAME, RESULT_NAME, CellSource, analyse_cell
+from shardlab.engine.convert_loops import Runtime
+from shardlab.engine.convert_ops import ControlFlowError, Undefined
+from shardlab.engine.convert_pass import RUNTIME
+from shardlab.engine.errors import GraphStagingError, translate_trace_error
 
 __all__ = [
     "GraphCache",

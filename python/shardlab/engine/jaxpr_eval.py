@@ -29,7 +29,7 @@ import numpy as np
 from jax._src import source_info_util
 from jax.extend import core as jex_core
 
-from .._core.jaxprs import inlined_body
+from shardlab._core.jaxprs import inlined_body
 
 __all__ = ["Evaluation", "ancestors", "evaluate", "flatten", "float64", "upcast"]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from .._core.units import human_bytes
+from shardlab._core.units import human_bytes
 
 _GPU_NOTE = (
     "On GPU, XLA's allocator keeps freed memory for reuse (by default it preallocates 75% of "

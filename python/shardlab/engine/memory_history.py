@@ -47,7 +47,7 @@ class MemoryMarker:
 
 
 def _sample_bytes() -> tuple[tuple[str, int], ...]:
-    from .memory import live_bytes_per_device
+    from shardlab.engine.memory import live_bytes_per_device
 
     return tuple(live_bytes_per_device().items())
 

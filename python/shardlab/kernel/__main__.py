@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     devices, rest = _pop_devices(args)
     if devices is not None:
-        from ..engine.devices import DeviceSpecError, parse_devices, pin_environment
+        from shardlab.engine.devices import DeviceSpecError, parse_devices, pin_environment
 
         try:
             pin_environment(parse_devices(devices))
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"shardlab kernel: {error}")
     from ipykernel.kernelapp import IPKernelApp
 
-    from .kernel import ShardlabKernel
+    from shardlab.kernel.kernel import ShardlabKernel
 
     IPKernelApp.launch_instance(argv=rest, kernel_class=ShardlabKernel)
 

@@ -19,9 +19,8 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from traitlets import Bool
 
 if TYPE_CHECKING:
+    from shardlab.kernel.session import ShardlabSession
     from shardlab.parallel.cost.profiles import DeviceProfile
-
-    from .session import ShardlabSession
 
 USAGE = "%calibrate [--full] [--show] [--save FILE] [--load FILE] [--use | --no-use]"
 _FLAGS = frozenset({"--full", "--show", "--use", "--no-use"})

@@ -26,15 +26,10 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from ..cluster.manager import (
-    ClusterError,
-    LocalCluster,
-    ProcessOutput,
-    device_sets,
-)
+from shardlab.cluster.manager import ClusterError, LocalCluster, ProcessOutput, device_sets
 
 if TYPE_CHECKING:
-    from .session import ShardlabSession
+    from shardlab.kernel.session import ShardlabSession
 
 # Run once on every engine after it joined the runtime: shardlab's modes, magics and hooks in
 # the engine's own IPython shell (graph cells, %release and %devices work there).

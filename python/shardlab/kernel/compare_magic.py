@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 
-from ..engine.compare_cell import bisect_cell, compare_cell
+from shardlab.engine.compare_cell import bisect_cell, compare_cell
 
 if TYPE_CHECKING:
-    from .session import ShardlabSession
+    from shardlab.kernel.session import ShardlabSession
 
 
 @magics_class

@@ -14,8 +14,8 @@ from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
 
-from .._version import __version__
-from .register import register
+from shardlab._version import __version__
+from shardlab.kernel.register import register
 
 
 class ShardlabKernel(IPythonKernel):

@@ -16,21 +16,21 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from ..engine import memory
-from ..engine.cellsource import Segment, ShellLineInBlock, split_shell_lines
-from ..engine.devices import (
+from shardlab.engine import memory
+from shardlab.engine.cellsource import Segment, ShellLineInBlock, split_shell_lines
+from shardlab.engine.devices import (
     DeviceSpecError,
     check_cpu_device_count,
     parse_devices,
     switch_cpu_devices,
 )
-from ..engine.errors import CellSyntaxError, GraphStagingError
-from ..engine.graph import run_graph_cell
-from ..engine.modes import ModeError, mode_context, parse_mode
-from .release import release_shell
+from shardlab.engine.errors import CellSyntaxError, GraphStagingError
+from shardlab.engine.graph import run_graph_cell
+from shardlab.engine.modes import ModeError, mode_context, parse_mode
+from shardlab.kernel.release import release_shell
 
 if TYPE_CHECKING:
-    from .session import ShardlabSession
+    from shardlab.kernel.session import ShardlabSession
 
 _OFFSET_FLAG = "--shardlab-line-offset="
 # Cell magics whose body is Python they run: in a graph cell, the body is staged inside them.

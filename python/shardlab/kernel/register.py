@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine import memory_history
-from .calibrate_magic import CalibrateMagics
-from .cluster_magic import ClusterMagics
-from .compare_magic import CompareMagics
-from .magics import ShardlabMagics
-from .session import ShardlabSession, attach, detach, session_of
-from .status import StatusChannel
+from shardlab.engine import memory_history
+from shardlab.kernel.calibrate_magic import CalibrateMagics
+from shardlab.kernel.cluster_magic import ClusterMagics
+from shardlab.kernel.compare_magic import CompareMagics
+from shardlab.kernel.magics import ShardlabMagics
+from shardlab.kernel.session import ShardlabSession, attach, detach, session_of
+from shardlab.kernel.status import StatusChannel
 
 
 def register(shell: Any) -> ShardlabSession:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..engine import memory
-from ..engine.memory import ReleaseReport
+from shardlab.engine import memory
+from shardlab.engine.memory import ReleaseReport
 
 if TYPE_CHECKING:
-    from .session import ShardlabSession
+    from shardlab.kernel.session import ShardlabSession
 
 
 def release(*, all: bool = False) -> ReleaseReport:
@@ -28,7 +28,7 @@ def release(*, all: bool = False) -> ReleaseReport:
     extension) no arrays are deleted, only caches and heap.
     """
     try:
-        from .session import current_session
+        from shardlab.kernel.session import current_session
     except ImportError:  # IPython not installed
         return memory.release(None)
     session = current_session()
@@ -41,7 +41,7 @@ def release_shell(
     shell: Any, session: ShardlabSession, *, delete_named: bool = False
 ) -> ReleaseReport:
     """The kernel's release: output history first, then :func:`memory.release`."""
-    from .session import kernel_objects
+    from shardlab.kernel.session import kernel_objects
 
     if shell is not None:
         try:

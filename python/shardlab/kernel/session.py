@@ -34,9 +34,9 @@ from typing import Any, Protocol
 from traitlets import Bool, Enum, Float, Instance, Int
 from traitlets.config import LoggingConfigurable
 
-from ..engine import memory
-from ..engine.graph import GraphCache
-from ..engine.modes import (
+from shardlab.engine import memory
+from shardlab.engine.graph import GraphCache
+from shardlab.engine.modes import (
     MODES,
     Mode,
     ModeError,

@@ -43,7 +43,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .session import ShardlabSession
+    from shardlab.kernel.session import ShardlabSession
 
 TARGET = "shardlab"
 REQUESTS = ("status", "release", "set_default_mode", "switch_devices")
@@ -92,7 +92,7 @@ def largest_arrays(namespace: dict[str, Any] | None, limit: int = MAX_ARRAYS) ->
     (by bytes per device)."""
     import jax
 
-    from ..engine import memory
+    from shardlab.engine import memory
 
     names = memory.array_names(namespace)
     rows = []
@@ -126,7 +126,7 @@ def status_record(session: ShardlabSession, *, details: bool = True) -> dict[str
     """The status record as a JSON-able dict (``details=False``: no arrays list)."""
     import jax
 
-    from ..engine import memory
+    from shardlab.engine import memory
 
     devices = jax.devices()
     last = session.history[-1] if session.history else None
@@ -166,7 +166,7 @@ def status_record(session: ShardlabSession, *, details: bool = True) -> dict[str
 def memory_over_time(shell: Any, bytes_per_device: dict[str, int]) -> dict[str, Any] | None:
     """The shell's memory recorder in its compact form (``MAX_SENT`` samples at most), ending
     at ``bytes_per_device``; None while no recorder is active."""
-    from ..engine import memory_history
+    from shardlab.engine import memory_history
 
     found = memory_history.existing(shell) if shell is not None else None
     if found is None:
@@ -210,7 +210,7 @@ class StatusChannel:
     def _on_open(self, comm: Any, message: dict[str, Any]) -> None:
         self.comms.append(comm)
         if self.session.shell is not None:  # the panel's memory over time, from now on
-            from ..engine import memory_history
+            from shardlab.engine import memory_history
 
             memory_history.recorder(self.session.shell).activate()
 
@@ -254,10 +254,10 @@ class StatusChannel:
             self._reply(comm, {"type": "error", "request": request, "message": message}, request_id)
 
     def _release(self, comm: Any, request_id: Any) -> None:
-        from .release import release_shell
+        from shardlab.kernel.release import release_shell
 
         report = release_shell(self.session.shell, self.session)
-        from ..engine import memory_history
+        from shardlab.engine import memory_history
 
         found = memory_history.existing(self.session.shell)
         if found is not None:
@@ -275,7 +275,7 @@ class StatusChannel:
         self.send(force=True)
 
     def _set_default_mode(self, comm: Any, data: dict[str, Any], request_id: Any) -> None:
-        from ..engine.modes import MODES, ModeError, parse_mode
+        from shardlab.engine.modes import MODES, ModeError, parse_mode
 
         try:
             mode = parse_mode(data.get("mode"), origin="set_default_mode")
@@ -289,8 +289,8 @@ class StatusChannel:
     def _switch_devices(self, comm: Any, data: dict[str, Any], request_id: Any) -> None:
         from IPython.core.error import UsageError
 
-        from ..engine.devices import DeviceSpecError
-        from .magics import switch_devices
+        from shardlab.engine.devices import DeviceSpecError
+        from shardlab.kernel.magics import switch_devices
 
         spec = data.get("spec")
         if not isinstance(spec, str) or not spec.strip():

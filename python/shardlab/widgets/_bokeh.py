@@ -26,7 +26,7 @@ import sys
 import uuid
 from typing import Any
 
-from ._html import STYLE, View, esc
+from shardlab.widgets._html import STYLE, View, esc
 
 # Seconds a plot's script waits for BokehJS (published by an output above it) before it
 # leaves the SVG view in place.

@@ -9,9 +9,9 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from ..parallel.display import human_bytes, human_time
-from ..parallel.labels import COMPILER_INSERTED
-from ..parallel.labels import source_label as _source_label
+from shardlab.parallel.display import human_bytes, human_time
+from shardlab.parallel.labels import COMPILER_INSERTED
+from shardlab.parallel.labels import source_label as _source_label
 
 # Colour-blind-friendly palette (Okabe-Ito, then Tableau 10) for device groups / kinds.
 PALETTE = (

@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from ._html import View
+from shardlab.widgets._html import View
 
 
 class LiveDisplay:

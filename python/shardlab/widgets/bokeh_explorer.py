@@ -19,12 +19,19 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._core.units import byte_unit, time_unit
-from ..parallel.plan.plan import Plan
-from ..parallel.specs import make_spec
-from ._bokeh import BokehView
-from ._html import View, esc, fmt_bytes, fmt_time, panel, table
-from .explore_candidates import BUDGETS, METHODS, Candidate, Collected, collect, pareto_front
+from shardlab._core.units import byte_unit, time_unit
+from shardlab.parallel.plan.plan import Plan
+from shardlab.parallel.specs import make_spec
+from shardlab.widgets._bokeh import BokehView
+from shardlab.widgets._html import View, esc, fmt_bytes, fmt_time, panel, table
+from shardlab.widgets.explore_candidates import (
+    BUDGETS,
+    METHODS,
+    Candidate,
+    Collected,
+    collect,
+    pareto_front,
+)
 
 ORIGIN_COLORS = {"method": "#0072B2", "baseline": "#E69F00", "budget": "#009E73", "plan": "#CC79A7"}
 ORIGIN_NAMES = {
@@ -280,7 +287,7 @@ class ExplorerView(BokehView):
         )
 
     def html(self) -> str:
-        from ._bokeh import embed_html
+        from shardlab.widgets._bokeh import embed_html
 
         model = self.model()  # sets details_id, which extra_html uses
         return embed_html(model, self.svg.html(), extra_html=self.extra_html(), cls=self.view_class)
@@ -330,7 +337,7 @@ class Explorer:
     def _apply_controls(self) -> None:
         import ipywidgets
 
-        from ._live import guarded, show_controls
+        from shardlab.widgets._live import guarded, show_controls
 
         names = list(self.plans)
         choose = ipywidgets.Dropdown(options=names, description="strategy")
@@ -392,7 +399,7 @@ def explore(
             progress=progress,
         )
     else:
-        from .progress_bar import ProgressBar
+        from shardlab.widgets.progress_bar import ProgressBar
 
         with ProgressBar("explore") as bar:
             collected = collect(

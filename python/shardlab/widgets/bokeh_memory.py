@@ -26,10 +26,10 @@ import time
 import uuid
 from typing import Any
 
-from .._core.units import byte_unit
-from ..engine.memory_history import MemoryMarker, MemoryRecorder, MemorySample, recorder
-from ._bokeh import BokehView, ensure_loader
-from ._html import PALETTE, View, esc, fmt_bytes, panel
+from shardlab._core.units import byte_unit
+from shardlab.engine.memory_history import MemoryMarker, MemoryRecorder, MemorySample, recorder
+from shardlab.widgets._bokeh import BokehView, ensure_loader
+from shardlab.widgets._html import PALETTE, View, esc, fmt_bytes, panel
 
 UPDATE_S = 1.0
 MARKER_COLORS = {"release": "#009E73", "mode": "#CC79A7", "devices": "#D55E00"}

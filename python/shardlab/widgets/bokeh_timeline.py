@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from .._core.units import time_unit
-from ..parallel.cost.schedule import Timeline
-from ._bokeh import BokehView
-from ._html import KIND_COLORS, View, esc, fmt_bytes, fmt_time, source_label
-from .timeline_lanes import Interval, Lanes, build_lanes
+from shardlab._core.units import time_unit
+from shardlab.parallel.cost.schedule import Timeline
+from shardlab.widgets._bokeh import BokehView
+from shardlab.widgets._html import KIND_COLORS, View, esc, fmt_bytes, fmt_time, source_label
+from shardlab.widgets.timeline_lanes import Interval, Lanes, build_lanes
 
 MAX_INTERVALS = 20_000
 COMPUTE_COLOR = "#9ecae1"

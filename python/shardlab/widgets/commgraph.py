@@ -15,10 +15,10 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._core.views import register_view
-from ..parallel.plan.plan import Plan
-from ..parallel.records import COLLECTIVE_KINDS, Collective, CostBreakdown, Report
-from ._html import (
+from shardlab._core.views import register_view
+from shardlab.parallel.plan.plan import Plan
+from shardlab.parallel.records import COLLECTIVE_KINDS, Collective, CostBreakdown, Report
+from shardlab.widgets._html import (
     KIND_COLORS,
     Raw,
     View,
@@ -238,9 +238,9 @@ def commgraph(
 
     A bad spec shows as an error in the view (naming argument, dimension and sizes).
     """
-    from ..parallel.compiled.analyze import analyze
-    from ..parallel.cost.predict import predict as predict_cost
-    from ..parallel.specs import ShardingSpecError
+    from shardlab.parallel.compiled.analyze import analyze
+    from shardlab.parallel.cost.predict import predict as predict_cost
+    from shardlab.parallel.specs import ShardingSpecError
 
     notes = []
     try:

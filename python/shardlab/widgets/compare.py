@@ -3,11 +3,11 @@ equation found, in self-contained HTML (the records' ``text()`` is the plain for
 
 from __future__ import annotations
 
-from .._core.views import register_view
-from ..engine.bisect import BisectReport
-from ..engine.compare import CompareReport
-from ..engine.numerics import fmt
-from ._html import Raw, esc, panel, table
+from shardlab._core.views import register_view
+from shardlab.engine.bisect import BisectReport
+from shardlab.engine.compare import CompareReport
+from shardlab.engine.numerics import fmt
+from shardlab.widgets._html import Raw, esc, panel, table
 
 __all__ = ["bisect_html", "compare_html"]
 

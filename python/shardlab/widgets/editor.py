@@ -25,16 +25,16 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..parallel.errors import SearchError
-from ..parallel.plan.plan import Plan
-from ..parallel.search.driver import search
-from ..parallel.specs import ShardingSpecError, spec_entries
-from ._html import esc
-from ._live import LiveDisplay, guarded, show_controls
-from .editor_model import CompileResult, EditorModel, diff, stage_diff
-from .editor_stages import StageControls
-from .editor_view import ACTIONS, EditorView
-from .long_work import TickingBar
+from shardlab.parallel.errors import SearchError
+from shardlab.parallel.plan.plan import Plan
+from shardlab.parallel.search.driver import search
+from shardlab.parallel.specs import ShardingSpecError, spec_entries
+from shardlab.widgets._html import esc
+from shardlab.widgets._live import LiveDisplay, guarded, show_controls
+from shardlab.widgets.editor_model import CompileResult, EditorModel, diff, stage_diff
+from shardlab.widgets.editor_stages import StageControls
+from shardlab.widgets.editor_view import ACTIONS, EditorView
+from shardlab.widgets.long_work import TickingBar
 
 MIXED = "(mixed)"  # a group dropdown whose layers differ
 LABEL_PX, SHAPE_PX, DIM_PX, TOGGLE_PX, ROW_PX = 8.0, 120, 112, 118, 28
@@ -349,7 +349,7 @@ class StrategyEditor:
     def _initial_specs(self, in_shardings: Any) -> list[PartitionSpec]:
         if in_shardings is None:
             return [PartitionSpec() for _ in self.model.leaves]
-        from ..parallel.specs import resolve_shardings
+        from shardlab.parallel.specs import resolve_shardings
 
         resolved = resolve_shardings(
             in_shardings, self.model.args, self.model.mesh, what="in_shardings"

@@ -25,27 +25,27 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, PartitionSpec
 
-from ..parallel.compiled.analyze import analyze
-from ..parallel.cost import layouts as L
-from ..parallel.cost.pipeline import PipelineCost, predict_pipeline
-from ..parallel.cost.predict import predict
-from ..parallel.cost.remat import POLICIES, layer_scans
-from ..parallel.display import human_bytes, human_time
-from ..parallel.errors import SearchError
+from shardlab.parallel.compiled.analyze import analyze
+from shardlab.parallel.cost import layouts as L
+from shardlab.parallel.cost.pipeline import PipelineCost, predict_pipeline
+from shardlab.parallel.cost.predict import predict
+from shardlab.parallel.cost.remat import POLICIES, layer_scans
+from shardlab.parallel.display import human_bytes, human_time
+from shardlab.parallel.errors import SearchError
 
 # ``_source``: the graph builder's one way to name an equation's user line (a scan's, here).
-from ..parallel.graph.opgraph import OpGraph
-from ..parallel.graph.opgraph import _source as equation_source
-from ..parallel.graph.trace import Traced, trace
-from ..parallel.labels import group_label, path_label, source_label
-from ..parallel.plan.binding import Binding
-from ..parallel.plan.fixed import fixed_plan
-from ..parallel.plan.pipeline import PipelineChoices, pipeline_choices, with_pipeline
-from ..parallel.plan.plan import Plan
-from ..parallel.plan.remat import with_remat
-from ..parallel.records import CostBreakdown, PipelineSpec, RematSpec, Report
-from ..parallel.specs import ShardingSpecError, check_spec, make_spec, spec_entries
-from ._capture import captured_stderr
+from shardlab.parallel.graph.opgraph import OpGraph
+from shardlab.parallel.graph.opgraph import _source as equation_source
+from shardlab.parallel.graph.trace import Traced, trace
+from shardlab.parallel.labels import group_label, path_label, source_label
+from shardlab.parallel.plan.binding import Binding
+from shardlab.parallel.plan.fixed import fixed_plan
+from shardlab.parallel.plan.pipeline import PipelineChoices, pipeline_choices, with_pipeline
+from shardlab.parallel.plan.plan import Plan
+from shardlab.parallel.plan.remat import with_remat
+from shardlab.parallel.records import CostBreakdown, PipelineSpec, RematSpec, Report
+from shardlab.parallel.specs import ShardingSpecError, check_spec, make_spec, spec_entries
+from shardlab.widgets._capture import captured_stderr
 
 
 @dataclass(frozen=True)

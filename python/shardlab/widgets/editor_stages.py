@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._html import esc
-from ._live import guarded
+from shardlab.widgets._html import esc
+from shardlab.widgets._live import guarded
 
 REMAT_OPTIONS = [
     ("none: keep every residual", "none"),

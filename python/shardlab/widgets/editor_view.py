@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from jax.sharding import PartitionSpec
 
-from ..parallel.cost.profiles import comm_time, describe_profile
-from ..parallel.records import COLLECTIVE_KINDS
-from ..parallel.specs import make_spec
-from ._html import KIND_COLORS, Raw, View, esc, fmt_bytes, fmt_time, panel, table
-from .editor_model import CompileResult, Evaluation
-from .pipeline_view import schedule_html, summary_lines
+from shardlab.parallel.cost.profiles import comm_time, describe_profile
+from shardlab.parallel.records import COLLECTIVE_KINDS
+from shardlab.parallel.specs import make_spec
+from shardlab.widgets._html import KIND_COLORS, Raw, View, esc, fmt_bytes, fmt_time, panel, table
+from shardlab.widgets.editor_model import CompileResult, Evaluation
+from shardlab.widgets.pipeline_view import schedule_html, summary_lines
 
 # What the controls do, as code: the static form (a saved or exported notebook, a front end
 # without a widget manager) says it where the dropdowns and buttons would be.

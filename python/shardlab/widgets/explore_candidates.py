@@ -15,8 +15,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..parallel.errors import SearchError
-from ..parallel.plan.plan import Plan
+from shardlab.parallel.errors import SearchError
+from shardlab.parallel.plan.plan import Plan
 
 METHODS = ("propagate", "recursive", "ilp")
 BUDGETS = 5
@@ -105,8 +105,8 @@ def collect(
     progress: Callable[[float, str], None] | None = None,
 ) -> Collected:
     """Every candidate, priced; an interrupt (KeyboardInterrupt) stops with those so far."""
-    from ..parallel.search.driver import search
-    from ..strategies import baselines
+    from shardlab.parallel.search.driver import search
+    from shardlab.strategies import baselines
 
     report = progress or (lambda fraction, message: None)
     found: list[Candidate] = []
@@ -163,7 +163,7 @@ def collect(
             found.append(Candidate.of(f"baseline: {name}", "baseline", result))
         done += 1
         memories = [c.memory for c in found]
-        from ._html import fmt_bytes
+        from shardlab.widgets._html import fmt_bytes
 
         for budget in budgets_between(min(memories), max(memories), budgets):
             text = fmt_bytes(budget)

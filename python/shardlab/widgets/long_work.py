@@ -12,8 +12,8 @@ import sys
 import threading
 from typing import Any
 
-from .._core.views import register_view
-from .progress_bar import ProgressBar, _in_notebook
+from shardlab._core.views import register_view
+from shardlab.widgets.progress_bar import ProgressBar, _in_notebook
 
 TICK_S = 0.25
 

@@ -6,8 +6,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from ._html import Raw, View, error_html, esc, fmt_bytes, panel, table
-from ._live import LiveDisplay, guarded, show_controls
+from shardlab.widgets._html import Raw, View, error_html, esc, fmt_bytes, panel, table
+from shardlab.widgets._live import LiveDisplay, guarded, show_controls
 
 TOP_ARRAYS = 12
 # What the panel's buttons do, as code: the static form (a saved or exported notebook, a front
@@ -42,7 +42,7 @@ class MemorySnapshot:
 def snapshot(namespace: dict[str, Any] | None = None) -> MemorySnapshot:
     import jax
 
-    from ..engine.memory import (
+    from shardlab.engine.memory import (
         array_names,
         buffers,
         live_bytes_per_device,
@@ -167,7 +167,7 @@ class MemoryPanel:
         self.display.update(self.view())
 
     def release(self) -> None:
-        from .. import release
+        from shardlab import release
 
         report = release()
         if self.history is not None:
@@ -187,7 +187,7 @@ class MemoryPanel:
         if shell is None or not hasattr(shell, "events"):
             return
         try:
-            from .bokeh_memory import history
+            from shardlab.widgets.bokeh_memory import history
         except ImportError:  # no bokeh: the panel without its history
             return
         self.history = history(shell)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..parallel.cost.pipeline import PipelineCost, ScheduleResult, predict_pipeline
-from ..parallel.errors import SearchError
-from ..parallel.plan.plan import Plan
-from ..parallel.records import PipelineSpec
-from ._html import esc, fmt_time, panel
+from shardlab.parallel.cost.pipeline import PipelineCost, ScheduleResult, predict_pipeline
+from shardlab.parallel.errors import SearchError
+from shardlab.parallel.plan.plan import Plan
+from shardlab.parallel.records import PipelineSpec
+from shardlab.widgets._html import esc, fmt_time, panel
 
 WIDTH = 760
 LANE = 22

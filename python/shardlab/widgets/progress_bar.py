@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ._html import esc
+from shardlab.widgets._html import esc
 
 DELAY_S = 1.0
 TEXT_WIDTH = 30

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._core.views import register_view
-from ..parallel.cost.profiles import describe_profile
-from ..parallel.display import mesh_text
-from ..parallel.labels import group_label, path_label
-from ..parallel.records import COLLECTIVE_KINDS, CostBreakdown, Report
-from ._html import KIND_COLORS, Raw, esc, fmt_bytes, fmt_time, panel, source_label, table
+from shardlab._core.views import register_view
+from shardlab.parallel.cost.profiles import describe_profile
+from shardlab.parallel.display import mesh_text
+from shardlab.parallel.labels import group_label, path_label
+from shardlab.parallel.records import COLLECTIVE_KINDS, CostBreakdown, Report
+from shardlab.widgets._html import (
+    KIND_COLORS,
+    Raw,
+    esc,
+    fmt_bytes,
+    fmt_time,
+    panel,
+    source_label,
+    table,
+)
 
 
 def _spec(layout: Any) -> str:

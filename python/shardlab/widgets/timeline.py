@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..parallel.cost.pipeline import PipelineCost, predict_pipeline
-from ..parallel.cost.profiles import resolve_profile
-from ..parallel.cost.schedule import Timeline, measure, schedule, stage_timeline
-from ..parallel.plan.plan import Plan
-from ..parallel.records import COLLECTIVE_KINDS
-from ._html import KIND_COLORS, View, esc, fmt_time, panel, source_label
-from .pipeline_view import schedule_html, summary_lines
-from .timeline_lanes import build_lanes
+from shardlab.parallel.cost.pipeline import PipelineCost, predict_pipeline
+from shardlab.parallel.cost.profiles import resolve_profile
+from shardlab.parallel.cost.schedule import Timeline, measure, schedule, stage_timeline
+from shardlab.parallel.plan.plan import Plan
+from shardlab.parallel.records import COLLECTIVE_KINDS
+from shardlab.widgets._html import KIND_COLORS, View, esc, fmt_time, panel, source_label
+from shardlab.widgets.pipeline_view import schedule_html, summary_lines
+from shardlab.widgets.timeline_lanes import build_lanes
 
 WIDTH = 860
 LANE = 18
@@ -201,7 +201,7 @@ class TimelineView(View):
 
     def bokeh(self) -> View:
         """The interactive form (``bokeh_timeline``), this view as its static fallback."""
-        from .bokeh_timeline import BokehTimelineView
+        from shardlab.widgets.bokeh_timeline import BokehTimelineView
 
         extra = [f"model priced by the {self.priced_by}"] if self.priced_by else []
         gaps = self.gaps()
@@ -266,7 +266,7 @@ def timeline(
         except Exception as error:  # the model timeline stands on its own
             notes.append(f"no measured timeline: {type(error).__name__}: {error}")
     if len(views) == 2:
-        from .bokeh_timeline import difference_note
+        from shardlab.widgets.bokeh_timeline import difference_note
 
         notes.append(difference_note(views[0], views[1], platform=_platform()))
     return TimelineView(views, notes=notes, priced_by=profile.priced_by)

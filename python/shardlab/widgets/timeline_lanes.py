@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..parallel.cost.schedule import Event, Timeline
+from shardlab.parallel.cost.schedule import Event, Timeline
 
 STREAMS = ("compute", "communication")
 

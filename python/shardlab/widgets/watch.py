@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._html import View, esc, panel
-from ._live import LiveDisplay
-from .layout import LayoutView, show
+from shardlab.widgets._html import View, esc, panel
+from shardlab.widgets._live import LiveDisplay
+from shardlab.widgets.layout import LayoutView, show
 
 
 class _WatchView(View):
