@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import shardlab
-from shardlab.engine import jaxpr_eval
-from shardlab.engine.bisect import compile_bound
+from shardlab.engine.compare import evaluate as jaxpr_eval
+from shardlab.engine.compare.bisect import compile_bound
 
 PLANTED_LINE = "    x = (x + 1e7) - 1e7  # the planted culprit"
 

@@ -20,9 +20,9 @@ from shardlab import examples
 from shardlab.bench.ranking import kendall_tau, measure_side_by_side, reprice
 from shardlab.parallel.cost.calibrate import calibrate
 from shardlab.parallel.cost.profiles import DEVICE_PROFILES, resolve_profile
-from shardlab.parallel.search.baselines import baselines
+from shardlab.parallel.search.strategies.baselines import baselines
 from shardlab.widgets.records_html import plan_html
-from shardlab.widgets.timeline import phases, timeline
+from shardlab.widgets.timeline.svg import phases, timeline
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from shardlab.parallel.compiled.analyze import analyze
 from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.cost.predict import predict
 from shardlab.parallel.mesh import mesh as make_mesh
-from shardlab.parallel.search.baselines import baselines
+from shardlab.parallel.search.strategies.baselines import baselines
 
 AXES: tuple[str, str] = ("data", "model")
 SHAPE = (32, 64)

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import shardlab
-from shardlab.engine import compare as compare_module
-from shardlab.engine.compare_cell import bisect_cell, compare_cell
-from shardlab.engine.numerics import Tolerance, difference
+from shardlab.engine.compare import run as compare_module
+from shardlab.engine.compare.cell import bisect_cell, compare_cell
+from shardlab.engine.compare.numerics import Tolerance, difference
 
 
 def cancel(b):

@@ -15,9 +15,9 @@ import pytest
 
 import shardlab
 from shardlab._core.equivalence import assert_same_program
-from shardlab.engine.cellsource import analyse_cell
-from shardlab.engine.convert_ops import ConversionNote
-from shardlab.engine.graph import GraphCache, run_graph_cell
+from shardlab.engine.cells.source import analyse_cell
+from shardlab.engine.cells.staging import GraphCache, run_graph_cell
+from shardlab.engine.convert.ops import ConversionNote
 
 X = jnp.array([1.0, -2.0, 3.0])
 

@@ -23,8 +23,8 @@ from shardlab.parallel.graph import rules
 from shardlab.parallel.graph.rules.base import replicated_rule
 from shardlab.parallel.graph.trace import trace
 from shardlab.parallel.mesh import mesh as make_mesh
-from shardlab.parallel.search.baselines import baselines
 from shardlab.parallel.search.driver import search
+from shardlab.parallel.search.strategies.baselines import baselines
 
 NAMES = [make.__name__ for make in corpus.MODELS]
 

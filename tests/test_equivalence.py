@@ -22,7 +22,7 @@ from shardlab.examples.transformer import gpt_scan
 from shardlab.parallel.mesh import mesh as make_mesh
 from shardlab.parallel.plan.pipeline import with_pipeline
 from shardlab.parallel.records import PipelineSpec
-from shardlab.parallel.search.baselines import data_parallel
+from shardlab.parallel.search.strategies.baselines import data_parallel
 
 
 def test_tolerance_follows_the_dtype_and_the_program_length():

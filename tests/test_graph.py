@@ -10,7 +10,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardlab._core.equivalence import assert_same_program, rounding_steps
-from shardlab.engine.graph import GraphCache, GraphStagingError, run_graph_cell
+from shardlab.engine.cells.staging import GraphCache, GraphStagingError, run_graph_cell
 
 STEP = """\
 def_loss = 0.0

@@ -104,7 +104,9 @@ def test_bad_device_sets_are_clear_and_change_nothing(kernel, arg, fragment):
 
 def test_mode_switches_release_caches_beyond_the_limit_and_keep_memory_bounded(kernel):
     kernel.ok("%config ShardlabSession.max_cached_programs = 30")
-    kernel.ok("x = jnp.ones((64, 64))\nfrom shardlab.engine.memory import cache_stats")
+    kernel.ok(
+        "x = jnp.ones((64, 64))\nfrom shardlab.engine.resources.live_memory import cache_stats"
+    )
     define = "@jax.jit\ndef step(v):\n    return jnp.tanh(v @ v.T) + {k}\ny = step(x)"
     modes = ["eager", "jit", "graph"]
     samples = []

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from kernelclient import Kernel
-from shardlab.engine.devices import (
+from shardlab.engine.resources.devices import (
     DEVICE_HOST_BYTES,
     MAX_CPU_DEVICES,
     DeviceSpecError,
@@ -44,7 +44,7 @@ def test_huge_device_count_is_refused_and_the_kernel_keeps_its_state(kernel):
     assert "cpu:100000" in message and f"at most {MAX_CPU_DEVICES}" in message
     assert "cpu:8" in message  # a count that fits
     # Beyond what memory allows but under the hard cap: the limit follows available memory.
-    kernel.ok("import shardlab.engine.devices as devs\nreal = devs.available_memory")
+    kernel.ok("import shardlab.engine.resources.devices as devs\nreal = devs.available_memory")
     kernel.ok("devs.available_memory = lambda: 2**30")  # pretend 1 GiB is available
     limit = 2**30 // 2 // DEVICE_HOST_BYTES
     message = evalue(kernel.execute("%devices cpu:1000"))
@@ -133,7 +133,7 @@ def values():
 # Live arrays, and those that are not a view of another's buffer: JAX creates per-shard views
 # lazily (printing an array can) and keeps them, as live arrays sharing the parent's buffer.
 COUNT = (
-    "from shardlab.engine.memory import buffers\ngc.collect()\n"
+    "from shardlab.engine.resources.live_memory import buffers\ngc.collect()\n"
     "len(jax.live_arrays()), len(jax.live_arrays()) - len(buffers()[1])"
 )
 NAMED = ("a", "tree['w'][0]", "tree['w'][1][0]", "tree['key']", "pair.w", "pair.b[0]", "s", "lr")

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from kernelclient import Kernel
-from shardlab.engine.devices import DeviceSpecError, parse_devices, pin_environment
+from shardlab.engine.resources.devices import DeviceSpecError, parse_devices, pin_environment
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""engine.memory: accounting and release, in-process."""
+"""engine.resources.live_memory: accounting and release, in-process."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardlab
-from shardlab.engine.memory import live_bytes_per_device, release
+from shardlab.engine.resources.live_memory import live_bytes_per_device, release
 
 
 def test_live_bytes_per_device_follows_sharding():
@@ -34,7 +34,7 @@ _SHARD_VIEWS = """
 import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 import shardlab
-from shardlab.engine.memory import release
+from shardlab.engine.resources.live_memory import release
 jax.config.update("jax_num_cpu_devices", 8)
 mesh = shardlab.mesh(data=8)
 x = jax.device_put(jnp.arange(64.0), NamedSharding(mesh, P("data")))

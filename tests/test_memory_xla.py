@@ -277,7 +277,7 @@ def test_an_output_moved_to_its_layout_is_recomputed_by_its_fused_readers():
     moment waits for the update (the old model: 1.12x the compiled memory of nnx_scan's
     Megatron step on 4x2)."""
     from shardlab.bench.corpus import models
-    from shardlab.parallel.search.baselines import baselines
+    from shardlab.parallel.search.strategies.baselines import baselines
 
     case = models.nnx_scan()
     mesh = make_mesh(shape=(4, 2), names=("data", "model"))
@@ -291,7 +291,7 @@ def test_a_value_and_its_copies_are_placed_apart():
     not. Counted as one buffer, the MoE's ZeRO × Megatron step on 4×2 was predicted at
     1.11x its compiled memory."""
     from shardlab.bench.corpus import models
-    from shardlab.parallel.search.baselines import baselines
+    from shardlab.parallel.search.strategies.baselines import baselines
 
     case = models.topk_moe()
     mesh = make_mesh(shape=(4, 2), names=("data", "model"))

@@ -293,7 +293,7 @@ def test_a_dot_whose_result_is_used_split_computes_only_its_slice():
     from shardlab.parallel.cost.profiles import resolve_profile
     from shardlab.parallel.mesh import mesh as make_mesh
     from shardlab.parallel.mesh import mesh_shape_of
-    from shardlab.parallel.search.baselines import baselines
+    from shardlab.parallel.search.strategies.baselines import baselines
 
     case = examples.moe()
     mesh = make_mesh(shape=(8,), names=("data",))

@@ -22,7 +22,7 @@ from shardlab.parallel.graph.opgraph import build_from_jaxpr
 from shardlab.parallel.mesh import mesh as make_mesh
 from shardlab.parallel.plan.pipeline import PipelineError, _analyse, gpipe_runner, with_pipeline
 from shardlab.parallel.records import PipelineSpec
-from shardlab.parallel.search.baselines import baselines, data_parallel
+from shardlab.parallel.search.strategies.baselines import baselines, data_parallel
 
 
 def _gpt_scan(layers: int, *, train: bool = True):

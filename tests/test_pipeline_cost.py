@@ -17,10 +17,10 @@ from shardlab.parallel.graph.trace import trace
 from shardlab.parallel.mesh import mesh as make_mesh
 from shardlab.parallel.plan.binding import Binding
 from shardlab.parallel.records import PipelineSpec
-from shardlab.parallel.search.baselines import baselines, data_parallel
-from shardlab.parallel.search.bounds import finest_split, memory_bound
 from shardlab.parallel.search.driver import search
-from shardlab.parallel.search.stages import (
+from shardlab.parallel.search.solve.bounds import finest_split, memory_bound
+from shardlab.parallel.search.strategies.baselines import baselines, data_parallel
+from shardlab.parallel.search.strategies.stages import (
     assignment_of,
     choose_pipeline,
     choose_stages,

@@ -32,7 +32,7 @@ from shardlab.parallel.mesh import mesh as make_mesh
 from shardlab.parallel.plan import io as plan_io
 from shardlab.parallel.plan.plan import Plan
 from shardlab.parallel.records import PipelineSpec, RematSpec
-from shardlab.parallel.search.baselines import baselines
+from shardlab.parallel.search.strategies.baselines import baselines
 from shardlab.parallel.specs import make_spec
 
 INJECTION = "auto\nimport os; os.system('echo INJECTED')\n#"

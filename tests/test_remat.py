@@ -17,7 +17,7 @@ from shardlab.parallel.errors import SearchError
 from shardlab.parallel.mesh import mesh as make_mesh
 from shardlab.parallel.plan.remat import remat_runners, with_remat
 from shardlab.parallel.records import RematSpec
-from shardlab.parallel.search.baselines import data_parallel
+from shardlab.parallel.search.strategies.baselines import data_parallel
 
 POLICIES = ("none", "dots", "nothing")
 # XLA:CPU's LLVM backend at -O0: the HLO passes (fusion, buffer assignment: the memory

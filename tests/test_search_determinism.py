@@ -17,14 +17,14 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-import shardlab.parallel.search.recursive as R
+import shardlab.parallel.search.solve.recursive as R
 from shardlab import examples
 from shardlab.parallel.cost.profiles import resolve_profile
 from shardlab.parallel.graph.trace import trace
 from shardlab.parallel.mesh import mesh as make_mesh
-from shardlab.parallel.search.build import build_space
 from shardlab.parallel.search.driver import search
-from shardlab.parallel.search.ilp import solve_arrays
+from shardlab.parallel.search.solve.ilp import solve_arrays
+from shardlab.parallel.search.space.build import build_space
 
 
 @contextlib.contextmanager

@@ -8,8 +8,8 @@ import itertools
 import numpy as np
 import pytest
 
-from shardlab.parallel.search.eliminate import eliminate
-from shardlab.parallel.search.ilp import solve_arrays
+from shardlab.parallel.search.solve.eliminate import eliminate
+from shardlab.parallel.search.solve.ilp import solve_arrays
 
 
 def _problem(rng: np.random.Generator, n: int, edges: list[tuple[int, int]]):

@@ -15,11 +15,11 @@ from shardlab._core.equivalence import assert_same_program
 from shardlab.parallel.cost.profiles import resolve_profile
 from shardlab.parallel.graph.trace import trace
 from shardlab.parallel.mesh import mesh as make_mesh
-from shardlab.parallel.search.build import build_space
 from shardlab.parallel.search.driver import search
-from shardlab.parallel.search.ilp import solve_ilp
-from shardlab.parallel.search.recursive import solve_recursive
-from shardlab.parallel.search.repeats import colours
+from shardlab.parallel.search.solve.ilp import solve_ilp
+from shardlab.parallel.search.solve.recursive import solve_recursive
+from shardlab.parallel.search.space.build import build_space
+from shardlab.parallel.search.space.repeats import colours
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ from shardlab.examples.transformer import gpt_scan
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.mesh import mesh as make_mesh
 from shardlab.parallel.plan.remat import with_remat
-from shardlab.parallel.search.baselines import data_parallel
 from shardlab.parallel.search.driver import search
-from shardlab.parallel.search.mix import choose, options, remat_specs
+from shardlab.parallel.search.strategies.baselines import data_parallel
+from shardlab.parallel.search.strategies.mix import choose, options, remat_specs
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ from shardlab.parallel.graph import opgraph
 from shardlab.parallel.graph.opgraph import build_from_jaxpr
 from shardlab.parallel.graph.trace import find_ties
 from shardlab.parallel.mesh import mesh as make_mesh
-from shardlab.parallel.search.build import build_space
 from shardlab.parallel.search.driver import search
-from shardlab.parallel.search.recursive import solve_recursive
-from shardlab.parallel.search.scan_ties import roles, tie_scan_choices
+from shardlab.parallel.search.solve.recursive import solve_recursive
+from shardlab.parallel.search.space.build import build_space
+from shardlab.parallel.search.space.scan_ties import roles, tie_scan_choices
 
 METHODS = ("recursive", "ilp", "auto", "propagate")
 SCAN_WARNING = "no sharding rule for primitive 'scan'"
@@ -200,9 +200,9 @@ def test_a_scans_iterations_fold_into_one_body_in_the_quotient(mesh):
     outputs' buffer is a chain through all of them); the quotient the recursive search solves
     exactly gets one unit per body role instead, so its size does not depend on the number of
     iterations."""
-    from shardlab.parallel.search import recursive
-    from shardlab.parallel.search.pairs import own_costs, pair_matrices
-    from shardlab.parallel.search.repeats import colours, periodic, scan_roles
+    from shardlab.parallel.search.solve import recursive
+    from shardlab.parallel.search.space.pairs import own_costs, pair_matrices
+    from shardlab.parallel.search.space.repeats import colours, periodic, scan_roles
 
     sizes = {"data": 2, "model": 4}
     classes = {}

@@ -170,7 +170,7 @@ def test_memory_history_a_line_per_device_with_release_and_mode_markers(kernel, 
 
 
 def test_memory_history_compact_is_capped_keeps_peaks_and_gaps():
-    from shardlab.engine.memory_history import MemoryRecorder
+    from shardlab.engine.resources.memory_history import MemoryRecorder
 
     values = {"n": 2, "big": 0}
 

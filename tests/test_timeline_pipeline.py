@@ -14,7 +14,7 @@ import shardlab
 from shardlab.examples.transformer import gpt_scan
 from shardlab.parallel.cost.pipeline import predict_pipeline
 from shardlab.parallel.mesh import mesh as make_mesh
-from shardlab.widgets.timeline_lanes import build_lanes
+from shardlab.widgets.timeline.lanes import build_lanes
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -18,8 +18,8 @@ import shardlab
 from shardlab._core.equivalence import assert_same_program
 from shardlab.parallel import display
 from shardlab.parallel.labels import group_label, layer_of, path_label, source_label
-from shardlab.widgets._capture import captured_stderr
-from shardlab.widgets._html import source_label as collective_source
+from shardlab.widgets._base.capture import captured_stderr
+from shardlab.widgets._base.html import source_label as collective_source
 
 
 def stacked(params, x):
@@ -226,7 +226,8 @@ def test_ticking_bar_appears_while_the_caller_is_blocked(monkeypatch):
     import io
     import time
 
-    from shardlab.widgets import long_work, progress_bar
+    from shardlab.widgets._base import long_work
+    from shardlab.widgets._base import progress as progress_bar
 
     stream = io.StringIO()
     monkeypatch.setattr(progress_bar, "_in_notebook", lambda: False)

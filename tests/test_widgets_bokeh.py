@@ -13,13 +13,13 @@ import pytest
 
 import shardlab
 from shardlab.parallel.cost.schedule import Event, Timeline, _merge
-from shardlab.widgets import _bokeh
-from shardlab.widgets.bokeh_explorer import ExplorerView, explore
-from shardlab.widgets.bokeh_memory import MemoryHistory, MemoryTimelineView
-from shardlab.widgets.bokeh_timeline import BokehTimelineView, difference_note
-from shardlab.widgets.explore_candidates import budgets_between, pareto_front
-from shardlab.widgets.timeline import MAX_RECTS, TimelineView
-from shardlab.widgets.timeline_lanes import Interval, build_lanes, reduce_fairly, shares
+from shardlab.widgets._base import bokeh as _bokeh
+from shardlab.widgets.explore.bokeh import ExplorerView, explore
+from shardlab.widgets.explore.candidates import budgets_between, pareto_front
+from shardlab.widgets.memory.history import MemoryHistory, MemoryTimelineView
+from shardlab.widgets.timeline.bokeh import BokehTimelineView, difference_note
+from shardlab.widgets.timeline.lanes import Interval, build_lanes, reduce_fairly, shares
+from shardlab.widgets.timeline.svg import MAX_RECTS, TimelineView
 
 NETWORK = re.compile(r"""(src|href)\s*=\s*["']?(https?:)?//""", re.I)
 SCRIPT = re.compile(r"<script[^>]*>.*?</script>", re.S)
@@ -236,7 +236,7 @@ def test_memory_history_marks_device_switches_and_keeps_markers_when_thinned(mon
     def sampler():
         return tuple((f"TFRT_CPU_{d}", 1024 * (d + 1)) for d in range(values["n"]))
 
-    import shardlab.engine.memory_history as memory_history
+    import shardlab.engine.resources.memory_history as memory_history
 
     monkeypatch.setattr(memory_history, "MAX_SAMPLES", 50)
     history = MemoryHistory(None, sampler=sampler)

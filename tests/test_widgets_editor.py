@@ -15,8 +15,8 @@ from kernelclient import Kernel
 from shardlab._core.equivalence import assert_same_program
 from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.specs import ShardingSpecError
-from shardlab.widgets.editor import EditorView
-from shardlab.widgets.editor_model import EditorModel, diff
+from shardlab.widgets.editor.model import EditorModel, diff
+from shardlab.widgets.editor.widget import EditorView
 
 
 def loss(params, x):
@@ -210,7 +210,7 @@ def test_editor_widget_in_a_kernel():
 def test_stopping_auto_shows_stopped_early(monkeypatch):
     """Stop during Auto: the search returns its best plan so far (``complete=False``), the
     editor shows it and says it stopped early."""
-    editor_module = importlib.import_module("shardlab.widgets.editor")
+    editor_module = importlib.import_module("shardlab.widgets.editor.widget")
     mesh = shardlab.mesh(data=2, model=4)
     params = [(jnp.ones((64, 256)), jnp.ones((256, 64))) for _ in range(2)]
     ed = shardlab.editor(jax.grad(loss), params, jnp.ones((32, 64)), mesh=mesh, compile=False)

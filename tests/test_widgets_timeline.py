@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 import shardlab
 from shardlab.parallel.cost.schedule import measure, schedule
-from shardlab.widgets.timeline import TimelineView
+from shardlab.widgets.timeline.svg import TimelineView
 
 
 def loss(params, x):

@@ -15,7 +15,7 @@ import shardlab
 from shardlab.parallel.compiled.tiles import tile_map
 from shardlab.widgets.commgraph import CommGraphView, _scope
 from shardlab.widgets.layout import MAX_TILES, LayoutView, show
-from shardlab.widgets.memory import MemoryView, snapshot
+from shardlab.widgets.memory.panel import MemoryView, snapshot
 
 
 @pytest.fixture(scope="module")

@@ -48,7 +48,7 @@ def main() -> None:
     from shardlab.bench.corpus.section import COMM_WITHIN, MEMORY_WITHIN, MESHES, PROFILE, ratio
     from shardlab.parallel.cost.profiles import comm_time
     from shardlab.parallel.mesh import mesh as make_mesh
-    from shardlab.parallel.search.baselines import baselines
+    from shardlab.parallel.search.strategies.baselines import baselines
     from shardlab.parallel.search.driver import search
 
     if ns.suite == "corpus":

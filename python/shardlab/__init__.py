@@ -19,20 +19,20 @@ if TYPE_CHECKING:  # the same names for type checkers (``X as X``: re-exported)
     from shardlab import data as data
     from shardlab import examples as examples
     from shardlab import strategies as strategies
-    from shardlab.engine.bisect import BisectReport as BisectReport
-    from shardlab.engine.bisect import bisect as bisect
-    from shardlab.engine.compare import CompareReport as CompareReport
-    from shardlab.engine.compare import compare as compare
-    from shardlab.engine.convert import ControlFlowError as ControlFlowError
-    from shardlab.engine.convert import converted as converted
-    from shardlab.engine.convert import to_static as to_static
-    from shardlab.engine.devices import DeviceSpecError as DeviceSpecError
-    from shardlab.engine.devices import SwitchReport as SwitchReport
-    from shardlab.engine.graph import GraphCache as GraphCache
-    from shardlab.engine.graph import GraphStagingError as GraphStagingError
-    from shardlab.engine.memory import ReleaseReport as ReleaseReport
+    from shardlab.engine.cells.staging import GraphCache as GraphCache
+    from shardlab.engine.cells.staging import GraphStagingError as GraphStagingError
+    from shardlab.engine.compare.bisect import BisectReport as BisectReport
+    from shardlab.engine.compare.bisect import bisect as bisect
+    from shardlab.engine.compare.numerics import Tolerance as Tolerance
+    from shardlab.engine.compare.run import CompareReport as CompareReport
+    from shardlab.engine.compare.run import compare as compare
+    from shardlab.engine.convert.api import ControlFlowError as ControlFlowError
+    from shardlab.engine.convert.api import converted as converted
+    from shardlab.engine.convert.api import to_static as to_static
     from shardlab.engine.modes import ModeError as ModeError
-    from shardlab.engine.numerics import Tolerance as Tolerance
+    from shardlab.engine.resources.devices import DeviceSpecError as DeviceSpecError
+    from shardlab.engine.resources.devices import SwitchReport as SwitchReport
+    from shardlab.engine.resources.live_memory import ReleaseReport as ReleaseReport
     from shardlab.kernel.release import release as release
     from shardlab.parallel.compiled.analyze import analyze as analyze
     from shardlab.parallel.cost.calibrate import calibrate as calibrate
@@ -56,13 +56,13 @@ if TYPE_CHECKING:  # the same names for type checkers (``X as X``: re-exported)
     from shardlab.parallel.search.driver import confirm_plan as confirm  # noqa: F401 (in __all__)
     from shardlab.parallel.search.driver import search as search
     from shardlab.parallel.specs import ShardingSpecError as ShardingSpecError
-    from shardlab.widgets.bokeh_explorer import explore as explore
     from shardlab.widgets.commgraph import commgraph as commgraph
-    from shardlab.widgets.editor import editor as editor
+    from shardlab.widgets.editor.widget import editor as editor
+    from shardlab.widgets.explore.bokeh import explore as explore
     from shardlab.widgets.layout import show as show
-    from shardlab.widgets.memory import memory as memory
-    from shardlab.widgets.pipeline_view import pipeline_timeline as pipeline_timeline
-    from shardlab.widgets.timeline import timeline as timeline
+    from shardlab.widgets.memory.panel import memory as memory
+    from shardlab.widgets.timeline.pipeline import pipeline_timeline as pipeline_timeline
+    from shardlab.widgets.timeline.svg import timeline as timeline
     from shardlab.widgets.watch import watch as watch
 
 # The public face, once: name -> "module" or "module:attribute" (the module defining it).
@@ -72,20 +72,20 @@ _PUBLIC: dict[str, str] = {
     "data": "shardlab.data",
     "examples": "shardlab.examples",
     "strategies": "shardlab.strategies",
-    "GraphCache": "shardlab.engine.graph:GraphCache",
-    "GraphStagingError": "shardlab.engine.graph:GraphStagingError",
+    "GraphCache": "shardlab.engine.cells.staging:GraphCache",
+    "GraphStagingError": "shardlab.engine.cells.staging:GraphStagingError",
     "ModeError": "shardlab.engine.modes:ModeError",
-    "ReleaseReport": "shardlab.engine.memory:ReleaseReport",
-    "compare": "shardlab.engine.compare:compare",
-    "CompareReport": "shardlab.engine.compare:CompareReport",
-    "bisect": "shardlab.engine.bisect:bisect",
-    "BisectReport": "shardlab.engine.bisect:BisectReport",
-    "Tolerance": "shardlab.engine.numerics:Tolerance",
-    "ControlFlowError": "shardlab.engine.convert:ControlFlowError",
-    "converted": "shardlab.engine.convert:converted",
-    "to_static": "shardlab.engine.convert:to_static",
-    "DeviceSpecError": "shardlab.engine.devices:DeviceSpecError",
-    "SwitchReport": "shardlab.engine.devices:SwitchReport",
+    "ReleaseReport": "shardlab.engine.resources.live_memory:ReleaseReport",
+    "compare": "shardlab.engine.compare.run:compare",
+    "CompareReport": "shardlab.engine.compare.run:CompareReport",
+    "bisect": "shardlab.engine.compare.bisect:bisect",
+    "BisectReport": "shardlab.engine.compare.bisect:BisectReport",
+    "Tolerance": "shardlab.engine.compare.numerics:Tolerance",
+    "ControlFlowError": "shardlab.engine.convert.api:ControlFlowError",
+    "converted": "shardlab.engine.convert.api:converted",
+    "to_static": "shardlab.engine.convert.api:to_static",
+    "DeviceSpecError": "shardlab.engine.resources.devices:DeviceSpecError",
+    "SwitchReport": "shardlab.engine.resources.devices:SwitchReport",
     "release": "shardlab.kernel.release:release",
     "DEVICE_PROFILES": "shardlab.parallel.cost.profiles:DEVICE_PROFILES",
     "DeviceProfile": "shardlab.parallel.cost.profiles:DeviceProfile",
@@ -110,12 +110,12 @@ _PUBLIC: dict[str, str] = {
     "search": "shardlab.parallel.search.driver:search",
     "confirm": "shardlab.parallel.search.driver:confirm_plan",
     "commgraph": "shardlab.widgets.commgraph:commgraph",
-    "editor": "shardlab.widgets.editor:editor",
-    "explore": "shardlab.widgets.bokeh_explorer:explore",
-    "memory": "shardlab.widgets.memory:memory",
-    "pipeline_timeline": "shardlab.widgets.pipeline_view:pipeline_timeline",
+    "editor": "shardlab.widgets.editor.widget:editor",
+    "explore": "shardlab.widgets.explore.bokeh:explore",
+    "memory": "shardlab.widgets.memory.panel:memory",
+    "pipeline_timeline": "shardlab.widgets.timeline.pipeline:pipeline_timeline",
     "show": "shardlab.widgets.layout:show",
-    "timeline": "shardlab.widgets.timeline:timeline",
+    "timeline": "shardlab.widgets.timeline.svg:timeline",
     "watch": "shardlab.widgets.watch:watch",
 }
 

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _install(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from shardlab.engine.devices import DeviceSpecError, parse_devices
+    from shardlab.engine.resources.devices import DeviceSpecError, parse_devices
     from shardlab.kernel.kernelspec import install, kernel_json, same_display_name
 
     try:

@@ -11,7 +11,7 @@ rematerialisation). Each returns a
 
 from __future__ import annotations
 
-from shardlab.parallel.search.baselines import (
+from shardlab.parallel.search.strategies.baselines import (
     baselines,
     build,
     data_parallel,
@@ -19,7 +19,11 @@ from shardlab.parallel.search.baselines import (
     replicated,
     zero,
 )
-from shardlab.parallel.search.composite import pipeline_data, pipeline_tensor, zero3_remat
+from shardlab.parallel.search.strategies.composite import (
+    pipeline_data,
+    pipeline_tensor,
+    zero3_remat,
+)
 
 __all__ = [
     "baselines",

@@ -112,9 +112,9 @@ def test_bokeh_plots_render_and_respond_in_lab(lab_server, lab_page):
 
 def test_twenty_thousand_intervals_render_interactively(chromium, tmp_path):
     from shardlab.parallel.cost.schedule import Event, Timeline
-    from shardlab.widgets import _bokeh
-    from shardlab.widgets.bokeh_timeline import BokehTimelineView
-    from shardlab.widgets.timeline import TimelineView
+    from shardlab.widgets._base import bokeh as _bokeh
+    from shardlab.widgets.timeline.bokeh import BokehTimelineView
+    from shardlab.widgets.timeline.svg import TimelineView
 
     events = []
     for d in range(8):

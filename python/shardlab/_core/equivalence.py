@@ -24,7 +24,7 @@ PRNG-key leaves must be equal. A real fault (a wrong layout, a dropped microbatc
 carry) moves a leaf by a fraction of its norm, orders of magnitude above the bound
 (``tests/core/test_equivalence.py`` plants each).
 
-``engine/numerics.py`` answers a different question, for the compare tool: which of two runs
+``engine/compare/numerics.py`` answers a different question, for the compare tool: which of two runs
 is closer to a float64 run of the same cell. This module needs no second run.
 """
 

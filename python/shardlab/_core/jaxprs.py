@@ -1,6 +1,6 @@
 """The equations whose body stands for them, shared by every jaxpr walk in shardlab: the
 search's op graph (``parallel/graph/opgraph.py``) and the compare tool's evaluator
-(``engine/jaxpr_eval.py``) inline the same calls and descend into the same control flow.
+(``engine/compare/evaluate.py``) inline the same calls and descend into the same control flow.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ PROVIDERS: dict[str, str] = {
     "html:cost": "shardlab.widgets.records_html",
     "compare": "shardlab.widgets.compare",
     "bisect": "shardlab.widgets.compare",
-    "progress": "shardlab.widgets.long_work",
+    "progress": "shardlab.widgets._base.long_work",
 }
 _VIEWS: dict[str, Callable[..., Any]] = {}
 

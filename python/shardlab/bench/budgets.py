@@ -32,10 +32,10 @@ from shardlab.parallel.display import human_bytes
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.mesh import mesh as make_mesh
 from shardlab.parallel.plan.plan import Plan
-from shardlab.parallel.search import composite
-from shardlab.parallel.search.baselines import data_parallel, zero
 from shardlab.parallel.search.driver import search
-from shardlab.parallel.search.stages import choose_pipeline
+from shardlab.parallel.search.strategies import composite
+from shardlab.parallel.search.strategies.baselines import data_parallel, zero
+from shardlab.parallel.search.strategies.stages import choose_pipeline
 
 LAYERS = (8, 16)
 FRACTIONS = (0.75, 0.5, 0.35)

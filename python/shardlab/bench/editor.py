@@ -11,8 +11,8 @@ import time
 from jax.sharding import PartitionSpec as P
 
 from shardlab.parallel.mesh import mesh as make_mesh
-from shardlab.widgets.editor import EditorView
-from shardlab.widgets.editor_model import EditorModel, diff
+from shardlab.widgets.editor.model import EditorModel, diff
+from shardlab.widgets.editor.widget import EditorView
 
 EDITS = 12
 

@@ -142,7 +142,7 @@ def graph_vs_eager(repeats: int = 15) -> dict[str, float]:
 def release_rss() -> dict[str, float]:
     """Process RSS before a 1 GiB allocation, with it, and after ``%release``."""
     kernel = _Kernel("shardlab")
-    rss = "from shardlab.engine.memory import process_rss\nprocess_rss()"
+    rss = "from shardlab.engine.resources.live_memory import process_rss\nprocess_rss()"
     try:
         kernel.run("import jax, jax.numpy as jnp\n_ = (jnp.ones(8) * 2).block_until_ready()")
         before = float(kernel.run(rss)[1])

@@ -33,9 +33,9 @@ from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile
 from shardlab.parallel.mesh import mesh as make_mesh
 from shardlab.parallel.plan.fixed import partitioned_cost
 from shardlab.parallel.plan.plan import Plan
-from shardlab.parallel.search.baselines import baselines
 from shardlab.parallel.search.confirm import plan_key
 from shardlab.parallel.search.driver import search
+from shardlab.parallel.search.strategies.baselines import baselines
 
 MESHES = ((8,), (2, 4), (4, 2))
 ROUNDS = 6  # interleaved rounds over a case's plans

@@ -17,7 +17,7 @@ def measure(model: str = "4", batch: int = 32, seq: int = 32, d: int = 64) -> No
 
     from shardlab.examples.transformer import gpt_scan
     from shardlab.parallel.mesh import mesh as make_mesh
-    from shardlab.parallel.search.baselines import data_parallel
+    from shardlab.parallel.search.strategies.baselines import data_parallel
 
     n = len(jax.devices())
     if model == "nnx":
@@ -35,7 +35,7 @@ def measure(model: str = "4", batch: int = 32, seq: int = 32, d: int = 64) -> No
         )
         base = with_pipeline(base, PipelineSpec(stages=2, microbatches=2))
     elif model == "megatron":
-        from shardlab.parallel.search.baselines import megatron
+        from shardlab.parallel.search.strategies.baselines import megatron
 
         case, layers = gpt_scan(4, batch=batch, seq=seq, d=d), 4
         mesh = make_mesh(data=2, model=n // 2)

@@ -112,7 +112,7 @@ def describe() -> dict[str, Any]:
     """This process: its id, pid, devices and memory (``%cluster status``)."""
     import jax
 
-    from shardlab.engine import memory
+    from shardlab.engine.resources import live_memory as memory
 
     per_device = memory.live_bytes_per_device()
     local = jax.local_devices()

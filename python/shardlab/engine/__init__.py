@@ -6,9 +6,14 @@ same engine serves the kernel, a stock IPython session and plain scripts.
 
 from __future__ import annotations
 
-from shardlab.engine.graph import GraphCache, GraphStagingError, run_graph_cell
-from shardlab.engine.memory import ReleaseReport, cache_stats, live_bytes_per_device, process_rss
+from shardlab.engine.cells.staging import GraphCache, GraphStagingError, run_graph_cell
 from shardlab.engine.modes import MODES, Mode, ModeError, mode_context, parse_mode, parse_mode_magic
+from shardlab.engine.resources.live_memory import (
+    ReleaseReport,
+    cache_stats,
+    live_bytes_per_device,
+    process_rss,
+)
 
 __all__ = [
     "MODES",

@@ -100,7 +100,7 @@ def resolve_mode(
 def mode_context(mode: Mode) -> Iterator[None]:
     """The JAX context a mode runs under: ``eager`` disables jit, the others change nothing.
 
-    ``graph`` cells are staged by :func:`shardlab.engine.graph.run_graph_cell`; inside the
+    ``graph`` cells are staged by :func:`shardlab.engine.cells.staging.run_graph_cell`; inside the
     staged program JAX runs as under ``jit``.
     """
     if mode == "eager":

@@ -31,7 +31,11 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     devices, rest = _pop_devices(args)
     if devices is not None:
-        from shardlab.engine.devices import DeviceSpecError, parse_devices, pin_environment
+        from shardlab.engine.resources.devices import (
+            DeviceSpecError,
+            parse_devices,
+            pin_environment,
+        )
 
         try:
             pin_environment(parse_devices(devices))

@@ -1,6 +1,6 @@
 """``%%compare [--bisect]``: the cell run eager, in graph mode and as a float64 reference.
 
-The work is :func:`shardlab.engine.compare_cell.compare_cell`; this magic gives it the
+The work is :func:`shardlab.engine.compare.cell.compare_cell`; this magic gives it the
 cell's source as IPython transformed it, a traceback filename IPython maps to ``In [n]``
 (so lines read ``In [5], line 3``), and displays the record. It returns nothing, so the
 output history (``Out``, ``_``) gains no entry: the namespace is left as it was.
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 
-from shardlab.engine.compare_cell import bisect_cell, compare_cell
+from shardlab.engine.compare.cell import bisect_cell, compare_cell
 
 if TYPE_CHECKING:
     from shardlab.kernel.session import ShardlabSession

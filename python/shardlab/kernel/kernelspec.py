@@ -14,7 +14,7 @@ import tempfile
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shardlab.engine.devices import DeviceSet
+    from shardlab.engine.resources.devices import DeviceSet
 
 DEFAULT_NAME = "shardlab"
 DEFAULT_DEVICES = "cpu:8"
@@ -74,7 +74,7 @@ def install(
     """
     from jupyter_client.kernelspec import KernelSpecManager
 
-    from shardlab.engine.devices import parse_devices
+    from shardlab.engine.resources.devices import parse_devices
 
     device_set = parse_devices(devices)
     spec = kernel_json(device_set, name=name, display=display)

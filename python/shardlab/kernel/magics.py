@@ -16,17 +16,17 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from shardlab.engine import memory
-from shardlab.engine.cellsource import Segment, ShellLineInBlock, split_shell_lines
-from shardlab.engine.devices import (
+from shardlab.engine.cells.errors import CellSyntaxError, GraphStagingError
+from shardlab.engine.cells.source import Segment, ShellLineInBlock, split_shell_lines
+from shardlab.engine.cells.staging import run_graph_cell
+from shardlab.engine.modes import ModeError, mode_context, parse_mode
+from shardlab.engine.resources import live_memory as memory
+from shardlab.engine.resources.devices import (
     DeviceSpecError,
     check_cpu_device_count,
     parse_devices,
     switch_cpu_devices,
 )
-from shardlab.engine.errors import CellSyntaxError, GraphStagingError
-from shardlab.engine.graph import run_graph_cell
-from shardlab.engine.modes import ModeError, mode_context, parse_mode
 from shardlab.kernel.release import release_shell
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardlab.engine import memory_history
+from shardlab.engine.resources import memory_history
 from shardlab.kernel.calibrate_magic import CalibrateMagics
 from shardlab.kernel.cluster_magic import ClusterMagics
 from shardlab.kernel.compare_magic import CompareMagics

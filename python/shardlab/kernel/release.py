@@ -2,7 +2,7 @@
 
 IPython's output history (``Out``, ``_``, ``__``, ``___``) keeps arrays alive that no name
 shows, so the kernel clears it first, then the session's staged graph cells, then hands the
-namespace to :func:`shardlab.engine.memory.release` (caches, unreachable arrays, heap).
+namespace to :func:`shardlab.engine.resources.live_memory.release` (caches, unreachable arrays, heap).
 
 Importing this module imports neither IPython nor traitlets: ``shardlab`` re-exports
 :func:`release`, and the session module loads only when it is called.
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from shardlab.engine import memory
-from shardlab.engine.memory import ReleaseReport
+from shardlab.engine.resources import live_memory as memory
+from shardlab.engine.resources.live_memory import ReleaseReport
 
 if TYPE_CHECKING:
     from shardlab.kernel.session import ShardlabSession

@@ -34,8 +34,7 @@ from typing import Any, Protocol
 from traitlets import Bool, Enum, Float, Instance, Int
 from traitlets.config import LoggingConfigurable
 
-from shardlab.engine import memory
-from shardlab.engine.graph import GraphCache
+from shardlab.engine.cells.staging import GraphCache
 from shardlab.engine.modes import (
     MODES,
     Mode,
@@ -45,6 +44,7 @@ from shardlab.engine.modes import (
     parse_mode_magic,
     resolve_mode,
 )
+from shardlab.engine.resources import live_memory as memory
 
 _GRAPH_MAGIC = "%%graph --shardlab-line-offset=0\n"
 

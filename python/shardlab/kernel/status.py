@@ -21,7 +21,7 @@ anything else                           ``{"type": "error", "request", "message"
 
 "Then a status" goes to every open comm. The record: default mode, last effective mode,
 devices, per-device live bytes, the active mesh, the largest named arrays, the last cells'
-modes and ``memory_history``, per-device live bytes over time (``engine/memory_history.py``,
+modes and ``memory_history``, per-device live bytes over time (``engine/resources/memory_history.py``,
 recorded from the first comm on; at most ``MAX_SENT`` samples with the newest markers, or
 None before; volatile like the history, so it rides along when something else changed). The arrays are computed only while a comm is open, over a bounded walk.
 
@@ -92,7 +92,7 @@ def largest_arrays(namespace: dict[str, Any] | None, limit: int = MAX_ARRAYS) ->
     (by bytes per device)."""
     import jax
 
-    from shardlab.engine import memory
+    from shardlab.engine.resources import live_memory as memory
 
     names = memory.array_names(namespace)
     rows = []
@@ -126,7 +126,7 @@ def status_record(session: ShardlabSession, *, details: bool = True) -> dict[str
     """The status record as a JSON-able dict (``details=False``: no arrays list)."""
     import jax
 
-    from shardlab.engine import memory
+    from shardlab.engine.resources import live_memory as memory
 
     devices = jax.devices()
     last = session.history[-1] if session.history else None
@@ -166,7 +166,7 @@ def status_record(session: ShardlabSession, *, details: bool = True) -> dict[str
 def memory_over_time(shell: Any, bytes_per_device: dict[str, int]) -> dict[str, Any] | None:
     """The shell's memory recorder in its compact form (``MAX_SENT`` samples at most), ending
     at ``bytes_per_device``; None while no recorder is active."""
-    from shardlab.engine import memory_history
+    from shardlab.engine.resources import memory_history
 
     found = memory_history.existing(shell) if shell is not None else None
     if found is None:
@@ -210,7 +210,7 @@ class StatusChannel:
     def _on_open(self, comm: Any, message: dict[str, Any]) -> None:
         self.comms.append(comm)
         if self.session.shell is not None:  # the panel's memory over time, from now on
-            from shardlab.engine import memory_history
+            from shardlab.engine.resources import memory_history
 
             memory_history.recorder(self.session.shell).activate()
 
@@ -257,7 +257,7 @@ class StatusChannel:
         from shardlab.kernel.release import release_shell
 
         report = release_shell(self.session.shell, self.session)
-        from shardlab.engine import memory_history
+        from shardlab.engine.resources import memory_history
 
         found = memory_history.existing(self.session.shell)
         if found is not None:
@@ -289,7 +289,7 @@ class StatusChannel:
     def _switch_devices(self, comm: Any, data: dict[str, Any], request_id: Any) -> None:
         from IPython.core.error import UsageError
 
-        from shardlab.engine.devices import DeviceSpecError
+        from shardlab.engine.resources.devices import DeviceSpecError
         from shardlab.kernel.magics import switch_devices
 
         spec = data.get("spec")

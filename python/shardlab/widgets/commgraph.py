@@ -18,7 +18,7 @@ from typing import Any
 from shardlab._core.views import register_view
 from shardlab.parallel.plan.plan import Plan
 from shardlab.parallel.records import COLLECTIVE_KINDS, Collective, CostBreakdown, Report
-from shardlab.widgets._html import (
+from shardlab.widgets._base.html import (
     KIND_COLORS,
     Raw,
     View,

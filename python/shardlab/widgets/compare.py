@@ -4,10 +4,10 @@ equation found, in self-contained HTML (the records' ``text()`` is the plain for
 from __future__ import annotations
 
 from shardlab._core.views import register_view
-from shardlab.engine.bisect import BisectReport
-from shardlab.engine.compare import CompareReport
-from shardlab.engine.numerics import fmt
-from shardlab.widgets._html import Raw, esc, panel, table
+from shardlab.engine.compare.bisect import BisectReport
+from shardlab.engine.compare.numerics import fmt
+from shardlab.engine.compare.run import CompareReport
+from shardlab.widgets._base.html import Raw, esc, panel, table
 
 __all__ = ["bisect_html", "compare_html"]
 

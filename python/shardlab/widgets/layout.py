@@ -11,7 +11,7 @@ from typing import Any
 
 from shardlab.parallel.compiled.tiles import TileMap, tile_map, tile_map_of
 from shardlab.parallel.specs import ShardingSpecError
-from shardlab.widgets._html import View, color, error_html, esc, fmt_bytes, panel
+from shardlab.widgets._base.html import View, color, error_html, esc, fmt_bytes, panel
 
 MAX_TILES = 256  # beyond this the view shows a summary instead of every tile
 CELL = 34

@@ -14,7 +14,7 @@ from shardlab.parallel.cost.profiles import describe_profile
 from shardlab.parallel.display import mesh_text
 from shardlab.parallel.labels import group_label, path_label
 from shardlab.parallel.records import COLLECTIVE_KINDS, CostBreakdown, Report
-from shardlab.widgets._html import (
+from shardlab.widgets._base.html import (
     KIND_COLORS,
     Raw,
     esc,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardlab.widgets._html import View, esc, panel
-from shardlab.widgets._live import LiveDisplay
+from shardlab.widgets._base.html import View, esc, panel
+from shardlab.widgets._base.live import LiveDisplay
 from shardlab.widgets.layout import LayoutView, show
 
 

@@ -28,9 +28,9 @@ from shardlab.examples.base import Case
 from shardlab.parallel.cost.profiles import comm_time, resolve_profile
 from shardlab.parallel.mesh import mesh as make_mesh
 from shardlab.parallel.plan.plan import Plan
-from shardlab.parallel.search.baselines import baselines
 from shardlab.parallel.search.confirm import compiled_objective
 from shardlab.parallel.search.driver import search
+from shardlab.parallel.search.strategies.baselines import baselines
 
 MESHES = ((8,), (2, 4), (4, 2))
 PROFILE = "cpu-sim"

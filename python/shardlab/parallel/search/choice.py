@@ -32,7 +32,7 @@ from shardlab.parallel.graph.rules import RULES
 from shardlab.parallel.plan.binding import Binding
 from shardlab.parallel.plan.plan import Plan
 from shardlab.parallel.records import Collective, CostBreakdown, DeviceMemoryEstimate, PlanRow
-from shardlab.parallel.search.space import Space, is_follower
+from shardlab.parallel.search.space.space import Space, is_follower
 
 
 def var_layouts(space: Space, choice: list[int]) -> dict[int, L.DimAxes]:

@@ -32,22 +32,22 @@ from shardlab.parallel.plan.pipeline import with_pipeline
 from shardlab.parallel.plan.plan import Plan
 from shardlab.parallel.records import PipelineSpec
 from shardlab.parallel.search.annotations import resolve_annotations
-from shardlab.parallel.search.baselines import baselines, zero
-from shardlab.parallel.search.bounds import check_budget
-from shardlab.parallel.search.budget import solve_within_budget
-from shardlab.parallel.search.build import build_space
 from shardlab.parallel.search.choice import (
     choice_from_layouts,
     make_plan,
 )
 from shardlab.parallel.search.confirm import Reports
 from shardlab.parallel.search.confirm import confirm as confirm_compiled
-from shardlab.parallel.search.ilp import ilp_size
-from shardlab.parallel.search.methods import Best, Solver
-from shardlab.parallel.search.mix import choose, remat_specs, unreachable
-from shardlab.parallel.search.scan_ties import tie_scan_choices
-from shardlab.parallel.search.space import Space
-from shardlab.parallel.search.stages import PipelineChoice, choose_pipeline
+from shardlab.parallel.search.solve.bounds import check_budget
+from shardlab.parallel.search.solve.budget import solve_within_budget
+from shardlab.parallel.search.solve.ilp import ilp_size
+from shardlab.parallel.search.solve.methods import Best, Solver
+from shardlab.parallel.search.space.build import build_space
+from shardlab.parallel.search.space.scan_ties import tie_scan_choices
+from shardlab.parallel.search.space.space import Space
+from shardlab.parallel.search.strategies.baselines import baselines, zero
+from shardlab.parallel.search.strategies.mix import choose, remat_specs, unreachable
+from shardlab.parallel.search.strategies.stages import PipelineChoice, choose_pipeline
 
 METHODS = ("auto", "propagate", "recursive", "ilp")
 ILP_MAX_VARIABLES = 20_000

@@ -1,0 +1,666 @@
+"""Graph mode: a whole cell staged into one compiled program.
+
+Names the cell reads that hold arrays (or pytrees with array leaves) become the program's
+inputs; names it binds become outputs written back to the namespace after a successful run
+(so a failing or interrupted cell changes nothing). Everything else the cell reads is static:
+part of the cache key and closed over. The key holds numbers, strings, bytes, ``None`` and
+hashable tuples and frozensets by value, any other object by identity.
+
+The cache is keyed by cell source and the static part; JAX's own jit cache then keys on input
+shapes, dtypes and shardings, so re-running a cell with same-shaped inputs does not retrace.
+
+``print`` in a graph cell prints at run time, every run, with concrete values: its arguments
+become extra program outputs printed in program order after the run (f-strings inside
+``print`` are formatted then too). A ``print`` inside a nested transformation (a
+``lax.fori_loop`` body, say) falls back to ``jax.debug.callback``, which may reorder.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import dataclasses
+import linecache
+import sys
+from collections.abc import Callable, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from shardlab.engine.cells import state
+from shardlab.engine.cells.errors import GraphStagingError, translate_trace_error
+from shardlab.engine.cells.source import FORMAT_NAME, RESULT_NAME, CellSource, analyse_cell
+from shardlab.engine.convert.loops import Runtime
+from shardlab.engine.convert.ops import ControlFlowError, Undefined
+from shardlab.engine.convert.rewrite import RUNTIME
+
+__all__ = [
+    "GraphCache",
+    "GraphRun",
+    "GraphStagingError",
+    "run_graph_cell",
+]
+
+
+_TRACE_ERRORS = (
+    jax.errors.ConcretizationTypeError,  # includes TracerBoolConversionError
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.UnexpectedTracerError,
+)
+
+
+def _is_array(leaf: object) -> bool:
+    """An input leaf the program takes as an argument: a JAX array or a numeric NumPy array."""
+    if isinstance(leaf, jax.Array):
+        return True
+    return isinstance(leaf, np.ndarray) and leaf.dtype != object
+
+
+def _is_jax_array(leaf: object) -> bool:
+    """An array leaf of a value made while tracing (outputs, ``print`` arguments)."""
+    return isinstance(leaf, jax.Array)
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """A pytree taken apart: its structure, where its array leaves were, the other leaves.
+
+    Inputs, outputs and ``print`` arguments of a graph cell all cross the program boundary
+    this way: the arrays go through the program, the rest is kept here to rebuild the tree.
+    """
+
+    treedef: Any
+    array_positions: tuple[int, ...]
+    static_leaves: tuple[Any, ...]  # None where an array goes
+    order: Any = None  # the dicts' key order, where it is not the sorted one (_order_of)
+
+    def rebuild(self, arrays: Sequence[Any]) -> Any:
+        """The pytree again, with ``arrays`` (one per array position, in order) put back."""
+        leaves = list(self.static_leaves)
+        for position, array in zip(self.array_positions, arrays, strict=True):
+            leaves[position] = array
+        return _apply_order(jax.tree_util.tree_unflatten(self.treedef, leaves), self.order)
+
+
+def _split(tree: Any, is_array: Callable[[object], bool]) -> tuple[_Parts, list[Any]]:
+    """Takes ``tree`` apart: its parts, and its leaves for which ``is_array`` holds."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    positions = tuple(i for i, leaf in enumerate(leaves) if is_array(leaf))
+    arrays_at = set(positions)  # a big pytree is split on every run: no tuple scans
+    static_leaves = tuple(None if i in arrays_at else leaf for i, leaf in enumerate(leaves))
+    parts = _Parts(treedef, positions, static_leaves, _order_of(tree))
+    return parts, [leaves[i] for i in positions]
+
+
+def _order_of(tree: Any) -> Any:
+    """The key order of the plain dicts in ``tree`` (a skeleton through dicts, lists and
+    tuples), or None where every dict's keys are sorted: JAX rebuilds dicts with sorted
+    keys, and a cell that iterates over a dict must see the order the user wrote."""
+    kind = type(tree)
+    if kind is dict:
+        children = tuple(_order_of(v) for v in tree.values())
+        keys = tuple(tree)
+        try:
+            ordered = keys == tuple(sorted(keys))
+        except TypeError:
+            ordered = False
+        if ordered and all(c is None for c in children):
+            return None
+        return ("dict", keys, children)
+    if kind is list or kind is tuple:
+        children = tuple(_order_of(v) for v in tree)
+        return None if all(c is None for c in children) else ("seq", children)
+    return None
+
+
+def _apply_order(value: Any, order: Any) -> Any:
+    if order is None:
+        return value
+    if order[0] == "dict" and type(value) is dict and len(value) == len(order[1]):
+        return {k: _apply_order(value[k], c) for k, c in zip(order[1], order[2], strict=True)}
+    if order[0] == "seq" and type(value) in (list, tuple) and len(value) == len(order[1]):
+        return type(value)(_apply_order(v, c) for v, c in zip(value, order[1], strict=True))
+    return value
+
+
+@dataclass(frozen=True)
+class _Input:
+    name: str
+    parts: _Parts
+
+
+class DeferredFormat:
+    """An f-string inside ``print`` (or a ``jax.debug.print`` format) whose formatting waits
+    for concrete values."""
+
+    def __init__(self, template: str, *values: object, **named: object) -> None:
+        self.template = template
+        self.values = values
+        self.named = named
+
+    def render(self) -> str:
+        def concrete(v: object) -> object:  # a 0-d NumPy array from a runtime callback
+            return v[()] if type(v) is np.ndarray and v.ndim == 0 else v
+
+        return self.template.format(
+            *map(concrete, self.values), **{k: concrete(v) for k, v in self.named.items()}
+        )
+
+    def __str__(self) -> str:  # formatting outside print (trace time)
+        return self.render()
+
+
+jax.tree_util.register_pytree_node(
+    DeferredFormat,
+    lambda d: ((d.values, d.named), d.template),
+    lambda template, children: DeferredFormat(template, *children[0], **children[1]),
+)
+
+
+@dataclass
+class _Print:
+    """One ``print`` call of a trace: its arguments, taken apart, and its keywords."""
+
+    args: _Parts
+    kwargs: dict[str, Any]
+
+
+@dataclass
+class _Structure:
+    """What a trace found out about the outputs (recorded per input signature)."""
+
+    names: tuple[str, ...]
+    values: _Parts  # the values of ``names``, as a tuple
+    prints: list[_Print]
+    # Inputs the cell changed in place (an nnx module's RNG counter, a BatchNorm's
+    # statistics): their new state, as a tuple of (name, value) after ``values``' arrays.
+    mutated: tuple[str, ...] = ()
+    mutated_values: _Parts | None = None
+
+
+@dataclass
+class _Entry:
+    cell: CellSource
+    inputs: tuple[_Input, ...]
+    statics: dict[str, Any]
+    fn: Callable[..., Any] | None = None
+    strict: bool = False
+    runtime: Runtime | None = None  # the converted control flow's, of the latest trace
+    traces: int = 0
+    runs: int = 0
+    structures: dict[tuple[Any, ...], _Structure] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GraphRun:
+    """The outcome of one graph-cell run."""
+
+    result: Any
+    has_result: bool
+    traced: bool
+    traces: int
+    outputs: tuple[str, ...]
+    inputs: tuple[str, ...]
+    notes: tuple[str, ...] = ()  # said once per cell: retraces, state read by identity
+    updated: tuple[str, ...] = ()  # inputs whose state the cell changed in place
+    # Converted control flow (Runtime.summary of the trace): statements converted, how many
+    # of them staged as which lax construct, how many ran as Python. None: nothing to convert.
+    conversions: dict[str, Any] | None = None
+
+
+class GraphCache:
+    """Compiled graph cells, most recently used last, bounded to ``max_entries``."""
+
+    def __init__(self, *, max_entries: int = 64) -> None:
+        self.max_entries = max_entries
+        self._entries: collections.OrderedDict[Any, _Entry] = collections.OrderedDict()
+        self._cells: dict[tuple[str, str, int], CellSource] = {}
+        self._last_key: dict[str, Any] = {}  # source -> key_parts of its latest new entry
+        self._said: set[tuple[str, str]] = set()  # (source, note kind) already said
+        self.total_traces = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> int:
+        """Drops every staged cell; returns how many there were."""
+        count = len(self._entries)
+        self._entries.clear()
+        self._cells.clear()
+        self._last_key.clear()
+        return count
+
+    def traces_of(self, source: str) -> int:
+        """Total traces of all entries staged from ``source``."""
+        return sum(e.traces for e in self._entries.values() if e.cell.source == source)
+
+    def _cell(self, source: str, filename: str, line_offset: int) -> CellSource:
+        key = (source, filename, line_offset)
+        cell = self._cells.get(key)
+        if cell is None:
+            cell = analyse_cell(source, filename=filename, line_offset=line_offset)
+            if len(self._cells) >= 4 * self.max_entries:
+                self._cells.clear()
+            self._cells[key] = cell
+        return cell
+
+    def _get(self, key: Any) -> _Entry | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def _put(self, key: Any, entry: _Entry) -> None:
+        self._entries[key] = entry
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+
+def _check_mutations(cell: CellSource, namespace: MutableMapping[str, Any], offset: int) -> None:
+    for mutation in cell.mutations:
+        if mutation.name not in namespace:
+            continue
+        value = namespace[mutation.name]
+        if mutation.how.startswith("method"):
+            flagged = isinstance(value, (list, dict, set, bytearray, collections.deque))
+        elif mutation.how == "item assignment":
+            flagged = not isinstance(value, jax.Array)
+        else:
+            flagged = not isinstance(value, type(sys))
+        if flagged:
+            kind = type(value).__name__
+            raise GraphStagingError(
+                lineno=mutation.lineno + offset,
+                line=cell.line(mutation.lineno, offset=0),
+                reason=(
+                    f"{mutation.how} mutates `{mutation.name}` (a {kind} from outside the "
+                    "cell) in place; a staged cell runs its Python once, at trace time, so "
+                    "the mutation would not repeat on later runs and could leak traced values."
+                ),
+                fix=f"{_rebuild_hint(mutation.name, value)}, or run the cell with %%jit or %%eager.",
+            )
+
+
+def _rebuild_hint(name: str, value: object) -> str:
+    if isinstance(value, (list, collections.deque)):
+        example = f"`{name} = [*{name}, new_item]`"
+    elif isinstance(value, dict):
+        example = f"`{name} = {{**{name}, key: new_value}}`"
+    elif isinstance(value, (set, frozenset)):
+        example = f"`{name} = {name} | {{new_item}}`"
+    elif isinstance(value, np.ndarray):
+        example = f"a JAX array (`{name} = jnp.asarray({name}).at[index].set(new_value)`)"
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        example = f"a new object (`{name} = dataclasses.replace({name}, field=new_value)`)"
+    else:
+        example = f"a new object (`{name} = {type(value).__name__}(...)`)"
+    return f"build a new value and bind it to a name, e.g. {example}"
+
+
+def _check_definitions(cell: CellSource, offset: int) -> None:
+    for definition in cell.definitions:
+        raise GraphStagingError(
+            lineno=definition.lineno + offset,
+            line=cell.line(definition.lineno),
+            reason=(
+                f"the cell defines {definition.kind} `{definition.name}`; a graph cell "
+                "stages array computations, and a definition made while tracing would "
+                "capture traced values."
+            ),
+            fix=(
+                "define it in a %%jit or %%eager cell and call it from the graph cell, "
+                "or run this cell with %%jit."
+            ),
+        )
+
+
+def _split_inputs(
+    cell: CellSource, namespace: MutableMapping[str, Any]
+) -> tuple[tuple[_Input, ...], list[Any], dict[str, Any], tuple[Any, ...], list[str]]:
+    """The cell's inputs: array leaves (program arguments), the rest (closed over), the
+    cache key of the rest's state and the paths whose state is read by identity only."""
+    inputs: list[_Input] = []
+    arrays: list[Any] = []
+    statics: dict[str, Any] = {}
+    key_parts: list[Any] = []
+    budget = state._Budget()
+    for name in cell.reads:
+        if name not in namespace:
+            continue
+        value = namespace[name]
+        parts, leaves = _split(value, _is_array)
+        if leaves:
+            inputs.append(_Input(name, parts))
+            arrays.extend(leaves)
+            static_key = tuple(
+                state.state_key(s, name=name, budget=budget) for s in parts.static_leaves
+            )
+            key_parts.append((name, "array", parts.treedef, static_key))
+        else:
+            statics[name] = value
+            key_parts.append((name, "static", state.state_key(value, name=name, budget=budget)))
+    return tuple(inputs), arrays, statics, tuple(key_parts), budget.untracked
+
+
+def _signature(arrays: list[Any]) -> tuple[Any, ...]:
+    return tuple((tuple(np.shape(a)), str(getattr(a, "dtype", ""))) for a in arrays)
+
+
+def _make_staged(entry: _Entry, cache: GraphCache) -> Callable[..., Any]:
+    cell = entry.cell
+
+    def staged(arrays: list[Any]) -> tuple[list[Any], list[Any]]:
+        __tracebackhide__ = True
+        entry.traces += 1
+        cache.total_traces += 1
+        prints: list[_Print] = []
+        print_arrays: list[Any] = []  # the array arguments of ``prints``, in order
+        outer_trace = next((getattr(a, "_trace", None) for a in arrays), None)
+
+        def record(args: tuple[Any, ...], kwargs: dict[str, Any], fallback: Callable) -> None:
+            parts, args_arrays = _split(args, _is_jax_array)
+            foreign = any(getattr(a, "_trace", outer_trace) is not outer_trace for a in args_arrays)
+            if foreign:  # inside a nested transformation: a runtime callback
+                fallback()
+                return
+            prints.append(_Print(parts, kwargs))
+            print_arrays.extend(args_arrays)
+
+        def staged_print(*args: Any, **kwargs: Any) -> None:
+            def fallback() -> None:
+                parts, args_arrays = _split(args, _is_jax_array)
+                item = _Print(parts, kwargs)
+                jax.debug.callback(lambda *values: _emit(item, list(values)), *args_arrays)
+
+            record(args, kwargs, fallback)
+
+        def staged_debug_print(fmt: str, *args: Any, ordered: bool = False, **named: Any) -> None:
+            # jax.debug.print in a graph cell prints in program order with ``print``.
+            record(
+                (DeferredFormat(fmt, *args, **named),),
+                {},
+                lambda: _debug_print(fmt, *args, ordered=ordered, **named),
+            )
+
+        namespace: dict[str, Any] = {
+            "__name__": "__main__",
+            "__builtins__": {**vars(builtins), "print": staged_print},
+            FORMAT_NAME: DeferredFormat,
+        }
+        namespace.update(entry.statics)
+        if cell.sites:
+            entry.runtime = Runtime(cell.sites, filename=cell.filename, strict=entry.strict)
+            namespace[RUNTIME] = entry.runtime
+        offset = 0
+        rebuilt: list[tuple[_Input, Any, list[Any]]] = []
+        for spec in entry.inputs:
+            count = len(spec.parts.array_positions)
+            value = spec.parts.rebuild(arrays[offset : offset + count])
+            namespace[spec.name] = value
+            rebuilt.append((spec, value, jax.tree_util.tree_leaves(value)))
+            offset += count
+        jax.debug.print = staged_debug_print  # type: ignore[assignment]
+        try:
+            exec(cell.code, namespace)
+        finally:
+            jax.debug.print = _debug_print  # type: ignore[assignment]
+        # A name converted control flow left unbound (bound on one path, read nowhere
+        # after) is not an output.
+        names = tuple(
+            n
+            for n in (*cell.binds, RESULT_NAME)
+            if n in namespace and not isinstance(namespace[n], Undefined)
+        )
+        for name in names:
+            _refuse_traced_leftovers(cell, name, namespace[name])
+        for name, value in entry.statics.items():
+            _refuse_traced_leftovers(cell, name, value, outside=True)
+        parts, out_arrays = _split(tuple(namespace[n] for n in names), _is_jax_array)
+        mutated: list[str] = []
+        mutated_values: list[Any] = []
+        for spec, value, before in rebuilt:
+            if spec.name in names:
+                continue  # rebinding the name wins
+            after, treedef = jax.tree_util.tree_flatten(value)
+            if treedef == spec.parts.treedef and all(
+                a is b for a, b in zip(after, before, strict=True)
+            ):
+                continue
+            _refuse_traced_leftovers(cell, spec.name, value, outside=True, in_place=True)
+            mutated.append(spec.name)
+            mutated_values.append(value)
+        structure = _Structure(names, parts, prints)
+        if mutated:
+            structure.mutated = tuple(mutated)
+            structure.mutated_values, more = _split(tuple(mutated_values), _is_jax_array)
+            out_arrays = [*out_arrays, *more]
+        entry.structures[_signature(arrays)] = structure
+        return out_arrays, print_arrays
+
+    return staged
+
+
+_debug_print = jax.debug.print
+
+
+def _refuse_traced_leftovers(
+    cell: CellSource, name: str, value: Any, *, outside: bool = False, in_place: bool = False
+) -> None:
+    """Raises when a traced value would outlive the program inside ``value``: in an object
+    that is not a pytree (its leaves cannot become program outputs)."""
+    __tracebackhide__ = True
+    if outside and not in_place:
+        found = state.find_tracer(value, name)
+    else:
+        found = None
+        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+            if not _is_jax_array(leaf):
+                found = state.find_tracer(leaf, name + jax.tree_util.keystr(path))
+                if found is not None:
+                    break
+    if found is None:
+        return
+    lineno = cell.bind_lines.get(name)
+    kind = type(value).__name__
+    if outside:
+        reason = (
+            f"the cell stores a traced value in `{found}`, inside `{name}` (a {kind} from "
+            "outside the cell); a staged cell's Python runs once, at trace time, so the "
+            "object would keep a placeholder instead of a value."
+        )
+    else:
+        reason = (
+            f"`{found}` would hold a traced value after the run: `{name}` is a {kind}, "
+            "which JAX cannot take apart into arrays (it is not a pytree), so its arrays "
+            "cannot become outputs of the staged program."
+        )
+    raise GraphStagingError(
+        lineno=None if lineno is None else lineno + cell.line_offset,
+        line="" if lineno is None else cell.line(lineno),
+        reason=reason,
+        fix=(
+            f"make {kind} a pytree (`@jax.tree_util.register_dataclass` on a dataclass, "
+            "`flax.struct.dataclass`, an `equinox.Module` or an nnx Module), or run the cell "
+            "with %%jit."
+        ),
+    )
+
+
+def _emit(record: _Print, values: list[Any]) -> None:
+    """Prints ``record`` with ``values``, this run's values of its array arguments."""
+    args = record.args.rebuild(values)  # JAX arrays print as they do outside a graph cell
+    rendered = [a.render() if isinstance(a, DeferredFormat) else a for a in args]
+    builtins.print(*rendered, **record.kwargs)
+
+
+def run_graph_cell(
+    source: str,
+    namespace: MutableMapping[str, Any],
+    *,
+    cache: GraphCache,
+    filename: str | None = None,
+    line_offset: int = 0,
+    cell_text: str | None = None,
+    strict: bool = False,
+) -> GraphRun:
+    """Stages ``source`` as one compiled program, runs it, and writes its outputs back.
+
+    Args:
+        source: the cell body.
+        namespace: the user namespace; read for inputs, written for outputs (only after
+            the program ran successfully).
+        cache: where staged cells live between runs.
+        filename: the name tracebacks show; registered in ``linecache`` with ``cell_text``.
+        line_offset: lines above ``source`` in the cell as shown to the user.
+        cell_text: the whole cell as shown to the user (defaults to ``source``).
+        strict: converted control flow that would run as Python raises instead.
+
+    Raises:
+        GraphStagingError: the cell cannot be staged; the message names the line, the reason
+            and what to do instead.
+    """
+    __tracebackhide__ = True
+    filename = filename or f"<graph-cell-{abs(hash(source)) & 0xFFFFFFFF:08x}>"
+    if filename not in linecache.cache:
+        text = cell_text if cell_text is not None else "\n" * line_offset + source
+        linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    cell = cache._cell(source, filename, line_offset)
+    _check_definitions(cell, line_offset)
+    _check_mutations(cell, namespace, line_offset)
+    if strict:
+        _check_converted(cell)
+    inputs, arrays, statics, key_parts, untracked = _split_inputs(cell, namespace)
+    key = (source, strict, key_parts)
+    entry = cache._get(key)
+    notes: list[str] = []
+    if entry is None:
+        notes = _staging_notes(cache, source, key_parts, namespace, untracked)
+        entry = _Entry(cell=cell, inputs=inputs, statics=statics, strict=strict)
+        entry.fn = jax.jit(_make_staged(entry, cache))
+        cache._put(key, entry)
+    traces_before = entry.traces
+    assert entry.fn is not None
+    try:
+        out_arrays, print_arrays = entry.fn(arrays)
+    except _TRACE_ERRORS as error:
+        raise translate_trace_error(error, cell) from None
+    structure = entry.structures[_signature(arrays)]
+    entry.runs += 1
+    if entry.runtime is not None and entry.traces > traces_before:
+        for note in entry.runtime.notes:
+            if (source, note) not in cache._said:
+                cache._said.add((source, note))
+                notes.append(note)
+    if entry.traces > traces_before:
+        # Tracing ran the cell's Python, which may change state it reads (a trace counter
+        # in a global): file the program under the state it left too, or the next run
+        # would see a new key and stage the cell again.
+        after = (source, strict, _split_inputs(cell, namespace)[3])
+        if after != key:
+            cache._put(after, entry)
+    values = structure.values.rebuild(out_arrays[: len(structure.values.array_positions)])
+    # Print what the cell printed, in program order, with this run's values.
+    jax.block_until_ready(print_arrays)
+    offset = 0
+    for record in structure.prints:
+        count = len(record.args.array_positions)
+        _emit(record, print_arrays[offset : offset + count])
+        offset += count
+    jax.effects_barrier()
+    result = None
+    for name, value in zip(structure.names, values, strict=True):
+        if name == RESULT_NAME:
+            result = value
+        else:
+            namespace[name] = value
+    if structure.mutated_values is not None:
+        count = len(structure.values.array_positions)
+        updated = structure.mutated_values.rebuild(out_arrays[count:])
+        for name, value in zip(structure.mutated, updated, strict=True):
+            _update_in_place(namespace, name, value)
+    for name in cell.deletes:
+        namespace.pop(name, None)
+    return GraphRun(
+        result=result,
+        has_result=cell.has_result,
+        traced=entry.traces > traces_before,
+        traces=entry.traces,
+        outputs=tuple(n for n in structure.names if n != RESULT_NAME),
+        inputs=tuple(i.name for i in inputs),
+        notes=tuple(notes),
+        updated=structure.mutated,
+        conversions=None if entry.runtime is None else entry.runtime.summary(),
+    )
+
+
+def _check_converted(cell: CellSource) -> None:
+    """Strict conversion: a statement the pass left as Python is an error."""
+    for site in cell.sites:
+        if not site.converted:
+            raise ControlFlowError(
+                label=None,
+                lineno=site.lineno,
+                line=cell.line(site.lineno, offset=cell.line_offset),
+                reason=f"this `{site.kind}` cannot be converted for staging: {site.reason}.",
+                fix="rewrite it as the reason says, or run the cell without --strict "
+                "(it then runs as Python while tracing).",
+            )
+
+
+def _update_in_place(namespace: MutableMapping[str, Any], name: str, value: Any) -> None:
+    """Gives the user's object the state the cell left in its staged copy.
+
+    An nnx module (a graph node) is updated in place, as running the cell unstaged would
+    have done, so other references to it (an optimizer's) see the change; any other pytree
+    is rebound under its name.
+    """
+    original = namespace.get(name)
+    nnx = sys.modules.get("flax.nnx")
+    if nnx is not None and original is not None and nnx.graph.is_graph_node(original):
+        nnx.update(original, nnx.state(value))
+    else:
+        namespace[name] = value
+
+
+def _staging_notes(
+    cache: GraphCache,
+    source: str,
+    key_parts: tuple[Any, ...],
+    namespace: MutableMapping[str, Any],
+    untracked: list[str],
+) -> list[str]:
+    """What to tell the user, once per cell, when it is staged again or reads state the
+    cache key cannot see."""
+    notes = []
+    previous = cache._last_key.get(source)
+    cache._last_key[source] = key_parts
+    if previous is not None:
+        before = {p[0]: p for p in previous}
+        for part in key_parts:
+            name = part[0]
+            value = namespace.get(name)
+            if (
+                name in before
+                and before[name] != part
+                and isinstance(value, (int, float, complex))
+                and not isinstance(value, bool)
+                and (source, "number:" + name) not in cache._said
+            ):
+                cache._said.add((source, "number:" + name))
+                notes.append(
+                    f"`{name}` is a Python {type(value).__name__} ({value!r}) read by this "
+                    "graph cell: each new value stages and compiles the cell again. Pass it "
+                    f"as an array (`{name} = jnp.asarray({name})`) to reuse one program."
+                )
+    if untracked and (source, "untracked") not in cache._said:
+        cache._said.add((source, "untracked"))
+        shown = ", ".join(f"`{p}`" for p in untracked[:3]) + (" …" if len(untracked) > 3 else "")
+        notes.append(
+            f"{shown}: too large or deep to track, read by identity: changes to its state "
+            "after this cell is staged are not seen. Pass its arrays as names, or run the "
+            "cell with %%jit."
+        )
+    return notes

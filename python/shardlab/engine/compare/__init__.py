@@ -1,0 +1,1 @@
+"""Eager against compiled: the runs, the float64 verdict, bisect (docs/compare.md)."""

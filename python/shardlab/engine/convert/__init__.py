@@ -1,0 +1,1 @@
+"""Python control flow converted to lax: the AST passes and their run time (docs/control-flow.md)."""

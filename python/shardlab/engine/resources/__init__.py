@@ -1,0 +1,1 @@
+"""Devices and memory: device sets, pinning, the in-process CPU switch, live bytes, release."""

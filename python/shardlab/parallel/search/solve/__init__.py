@@ -1,0 +1,1 @@
+"""The solvers over the space: recursive, ILP, elimination, the budget and bounds."""

@@ -1,0 +1,1 @@
+"""The search space: candidates per node, edges, pairs, repeated layers, scan ties."""

@@ -1,0 +1,1 @@
+"""Hand-made strategies: the baselines, composites, mixes and pipeline stages."""

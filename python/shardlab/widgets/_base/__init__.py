@@ -1,0 +1,1 @@
+"""What every view builds on: HTML, live outputs, captured compiler messages, bokeh, progress."""

@@ -1,0 +1,1 @@
+"""The plan explorer: the candidates and the bokeh plot."""

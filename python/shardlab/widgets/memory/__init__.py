@@ -1,0 +1,1 @@
+"""Memory: the panel and its history plot."""

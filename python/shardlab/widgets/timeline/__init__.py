@@ -1,0 +1,1 @@
+"""Timelines: the SVG view, its lanes, the bokeh plot and the pipeline schedule."""
