@@ -36,8 +36,8 @@ if TYPE_CHECKING:  # the same names for type checkers (``X as X``: re-exported)
     from shardlab.kernel.release import release as release
     from shardlab.parallel.compiled.analyze import analyze as analyze
     from shardlab.parallel.cost.calibrate import calibrate as calibrate
-    from shardlab.parallel.cost.calibrate import load_profile as load_profile
     from shardlab.parallel.cost.predict import predict as predict
+    from shardlab.parallel.cost.profile_file import load_profile as load_profile
     from shardlab.parallel.cost.profiles import DEVICE_PROFILES as DEVICE_PROFILES
     from shardlab.parallel.cost.profiles import DeviceProfile as DeviceProfile
     from shardlab.parallel.errors import SearchError as SearchError
@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # the same names for type checkers (``X as X``: re-exported)
     from shardlab.parallel.records import PlanRow as PlanRow
     from shardlab.parallel.records import RematSpec as RematSpec
     from shardlab.parallel.records import Report as Report
-    from shardlab.parallel.search.driver import confirm_plan as confirm  # noqa: F401 (in __all__)
+    from shardlab.parallel.search.auto import confirm_plan as confirm  # noqa: F401 (in __all__)
     from shardlab.parallel.search.driver import search as search
     from shardlab.parallel.specs import ShardingSpecError as ShardingSpecError
     from shardlab.widgets.commgraph import commgraph as commgraph
@@ -102,13 +102,13 @@ _PUBLIC: dict[str, str] = {
     "mesh": "shardlab.parallel.mesh:mesh",
     "predict": "shardlab.parallel.cost.predict:predict",
     "calibrate": "shardlab.parallel.cost.calibrate:calibrate",
-    "load_profile": "shardlab.parallel.cost.calibrate:load_profile",
+    "load_profile": "shardlab.parallel.cost.profile_file:load_profile",
     "SearchError": "shardlab.parallel.errors:SearchError",
     "Plan": "shardlab.parallel.plan.plan:Plan",
     "with_pipeline": "shardlab.parallel.plan.pipeline:with_pipeline",
     "with_remat": "shardlab.parallel.plan.remat:with_remat",
     "search": "shardlab.parallel.search.driver:search",
-    "confirm": "shardlab.parallel.search.driver:confirm_plan",
+    "confirm": "shardlab.parallel.search.auto:confirm_plan",
     "commgraph": "shardlab.widgets.commgraph:commgraph",
     "editor": "shardlab.widgets.editor.widget:editor",
     "explore": "shardlab.widgets.explore.bokeh:explore",

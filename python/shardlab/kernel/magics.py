@@ -226,7 +226,7 @@ class ShardlabMagics(Magics):
 
     def _converted_text(self, code: str, filename: str, offset: int) -> str:
         """``--show-converted``: the staged statements as the conversion rewrote them."""
-        cell = self.session.graph_cache._cell(code, filename, offset)
+        cell = self.session.graph_cache.analysed(code, filename, offset)
         if cell.converted_source is None:
             return "# no control flow to convert in this cell"
         return f"# converted ({len(cell.sites)} statement(s)):\n{cell.converted_source}"

@@ -202,8 +202,6 @@ class ShardlabSession(LoggingConfigurable):
             yield
         finally:
             self._in_graph_body = False
-        # Converted control flow of the running cell; kept after it for the execute reply.
-        self.conversions: dict[str, Any] | None = None
 
     # -- events ----------------------------------------------------------------------------
     def pre_run_cell(self, info: Any) -> None:

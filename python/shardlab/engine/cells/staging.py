@@ -237,7 +237,9 @@ class GraphCache:
         """Total traces of all entries staged from ``source``."""
         return sum(e.traces for e in self._entries.values() if e.cell.source == source)
 
-    def _cell(self, source: str, filename: str, line_offset: int) -> CellSource:
+    def analysed(self, source: str, filename: str, line_offset: int) -> CellSource:
+        """The static analysis of a cell's source (its reads, binds, converted control flow),
+        cached by source, file and line offset."""
         key = (source, filename, line_offset)
         cell = self._cells.get(key)
         if cell is None:
@@ -527,7 +529,7 @@ def run_graph_cell(
     if filename not in linecache.cache:
         text = cell_text if cell_text is not None else "\n" * line_offset + source
         linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-    cell = cache._cell(source, filename, line_offset)
+    cell = cache.analysed(source, filename, line_offset)
     _check_definitions(cell, line_offset)
     _check_mutations(cell, namespace, line_offset)
     if strict:

@@ -10,7 +10,6 @@ may be checked by compiling.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import functools
 import gc
@@ -21,31 +20,31 @@ from typing import Any
 from jax.sharding import Mesh
 
 from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile
-from shardlab.parallel.cost.propagate import propagate
 from shardlab.parallel.display import human_bytes, search_finish, with_progress
 from shardlab.parallel.errors import SearchError
-from shardlab.parallel.graph.trace import Traced, trace
-from shardlab.parallel.mesh import mesh_shape_of
+from shardlab.parallel.graph.trace import trace
 from shardlab.parallel.plan.binding import Binding
-from shardlab.parallel.plan.fixed import partitioned_cost
 from shardlab.parallel.plan.pipeline import with_pipeline
 from shardlab.parallel.plan.plan import Plan
 from shardlab.parallel.records import PipelineSpec
 from shardlab.parallel.search.annotations import resolve_annotations
+from shardlab.parallel.search.auto import (
+    baseline_seeds,
+    compiled_baseline,
+    confirmed,
+    in_background,
+    portfolio,
+)
 from shardlab.parallel.search.choice import (
-    choice_from_layouts,
     make_plan,
 )
-from shardlab.parallel.search.confirm import Reports
-from shardlab.parallel.search.confirm import confirm as confirm_compiled
+from shardlab.parallel.search.problem import Problem
 from shardlab.parallel.search.solve.bounds import check_budget
 from shardlab.parallel.search.solve.budget import solve_within_budget
 from shardlab.parallel.search.solve.ilp import ilp_size
 from shardlab.parallel.search.solve.methods import Best, Solver
 from shardlab.parallel.search.space.build import build_space
 from shardlab.parallel.search.space.scan_ties import tie_scan_choices
-from shardlab.parallel.search.space.space import Space
-from shardlab.parallel.search.strategies.baselines import baselines, zero
 from shardlab.parallel.search.strategies.mix import choose, remat_specs, unreachable
 from shardlab.parallel.search.strategies.stages import PipelineChoice, choose_pipeline
 
@@ -148,12 +147,10 @@ def search(
         raise SearchError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if not isinstance(mesh, Mesh):
         raise SearchError(f"mesh must be a jax.sharding.Mesh (shardlab.mesh(...)), got {mesh!r}")
-    profile = resolve_profile(device)
-    sizes = mesh_shape_of(mesh)
     report(0.0, "tracing")
-    traced = trace(fn, *args)
+    problem = Problem(trace(fn, *args), mesh, resolve_profile(device))
+    traced, graph, sizes, profile = problem.traced, problem.graph, problem.sizes, problem.profile
     fixed = resolve_annotations(annotations, fn, traced.dynamic_args, mesh)
-    graph, ties = traced.graph, traced.ties
     n_batch = traced.arg_of_leaf.count(len(args) - 1) if len(args) > 1 else 0
     report(0.1, f"{len(graph.nodes)} equations traced")
     if memory_budget is not None:  # refuse an impossible budget before searching
@@ -163,21 +160,8 @@ def search(
     staging, pipeline_note = None, None
     if pipeline is not False:  # bad stage or microbatch counts fail before searching
         report(0.12, "pricing pipeline stages")
-        try:
-            staging = choose_pipeline(
-                fn,
-                *args,
-                mesh=mesh,
-                memory_budget=memory_budget,
-                pipeline=pipeline,
-                microbatches=microbatches,
-                device=profile,
-            )
-        except SearchError as e:
-            if pipeline != "auto":
-                raise
-            pipeline_note = f"pipeline: no stages tried ({e})"
-    space = build_space(graph, sizes, profile, fixed_inputs=fixed, ties=ties)
+        staging, pipeline_note = _staging(problem, fn, args, pipeline, microbatches, memory_budget)
+    space = build_space(graph, sizes, profile, fixed_inputs=fixed, ties=traced.ties)
     report(0.3, f"{len(space.units)} decisions, {len(space.edges)} edges")
     notes: list[str] = []
     used = method
@@ -185,7 +169,6 @@ def search(
         size = ilp_size(space)
         used = "ilp" if size <= ILP_MAX_VARIABLES else "recursive"
         notes.append(f"auto chose {used} (ILP size {size} variables, limit {ILP_MAX_VARIABLES})")
-    problem = _Problem(traced, mesh, profile)
     if verify_budget is None:
         verify_budget = len(graph.nodes) <= VERIFY_MAX_EQUATIONS
     if confirm not in (None, True, False, "background"):
@@ -215,7 +198,7 @@ def search(
                         used,
                         target,
                         time_limit=time_limit,
-                        seeds=lambda: _baseline_seeds(problem, space),
+                        seeds=lambda: baseline_seeds(problem, space),
                     )
                 else:
                     choice, optimal = solver.run(used, time_limit=time_limit)
@@ -226,7 +209,7 @@ def search(
                 if attempt == 0:
                     raise
                 why = f"{notes[-1]}; with the model's budget tightened to {target:.0f} B: {e}"
-                plan = _compiled_baseline(problem, budget_bytes, used, notes, why)
+                plan = compiled_baseline(problem, budget_bytes, used, notes, why)
                 break
             choice = tie_scan_choices(space, choice)  # one choice per scan-body equation
             report(0.95, "building the plan")
@@ -242,14 +225,9 @@ def search(
                 start=start,
             )
             if method == "auto" and complete and not annotations:
-                if confirm == "background":
-                    plan = _in_background(plan, problem, memory_budget, target)
-                elif confirm:
-                    plan = _confirmed(plan, problem, memory_budget, target, report)
-                else:
-                    plan = _portfolio(plan, problem, target)
-                    if unconfirmed_note is not None:
-                        plan = dataclasses.replace(plan, notes=(*plan.notes, unconfirmed_note))
+                plan = _auto_choice(plan, problem, confirm, memory_budget, target, report)
+                if not confirm and unconfirmed_note is not None:
+                    plan = dataclasses.replace(plan, notes=(*plan.notes, unconfirmed_note))
             if memory_budget is None or not verify_budget or not complete:
                 break
             report(0.97, "compiling to check the memory budget")
@@ -268,7 +246,7 @@ def search(
             )
         else:
             why = f"{notes[-1]} after 3 tightened searches"
-            plan = _compiled_baseline(problem, budget_bytes, used, notes, why)
+            plan = compiled_baseline(problem, budget_bytes, used, notes, why)
     except SearchError as e:  # no searched plan or baseline fits: remat or stages may
         if memory_budget is None:
             raise
@@ -285,10 +263,55 @@ def search(
     return dataclasses.replace(plan, search_time=time.perf_counter() - start)
 
 
+def _staging(
+    problem: Problem,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    pipeline: str | bool | int,
+    microbatches: int | None,
+    memory_budget: float | None,
+) -> tuple[PipelineChoice | None, str | None]:
+    """The pipelines the schedule simulator prices for this problem (``stages.py``), or,
+    for ``pipeline="auto"``, none and the note saying why stages were not tried. (``args``
+    are the user's, as ``search`` got them: the pipeline's trace is the same memoised one.)"""
+    try:
+        staged = choose_pipeline(
+            fn,
+            *args,
+            mesh=problem.mesh,
+            memory_budget=memory_budget,
+            pipeline=pipeline,
+            microbatches=microbatches,
+            device=problem.profile,
+        )
+    except SearchError as e:
+        if pipeline != "auto":
+            raise
+        return None, f"pipeline: no stages tried ({e})"
+    return staged, None
+
+
+def _auto_choice(
+    plan: Plan,
+    problem: Problem,
+    confirm: bool | str,
+    memory_budget: float | None,
+    target: float | None,
+    report: Callable[[float, str], None],
+) -> Plan:
+    """``auto``'s plan against the baselines (``auto.py``): compiled now, in the
+    background, or by the cost model's prediction alone."""
+    if confirm == "background":
+        return in_background(plan, problem, memory_budget, target)
+    if confirm:
+        return confirmed(plan, problem, memory_budget, target, report)
+    return portfolio(plan, problem, target)
+
+
 def _mixed(
     plan: Plan | None,
     failure: SearchError | None,
-    problem: _Problem,
+    problem: Problem,
     budget: float,
     verify: bool,
     staging: PipelineChoice | None,
@@ -323,7 +346,7 @@ def _mixed(
 
 def _with_stages(
     plan: Plan | None,
-    problem: _Problem,
+    problem: Problem,
     choice: PipelineChoice,
     pipeline: str | bool | int,
     memory_budget: float | None,
@@ -393,205 +416,3 @@ def _with_stages(
         f"device once compiled ({'; '.join(rejected)}); try more microbatches, remat, or a "
         "larger budget"
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Problem:
-    """What the search works on: the traced function, the mesh and the device profile."""
-
-    traced: Traced
-    mesh: Mesh
-    profile: DeviceProfile
-    reports: Reports = dataclasses.field(default_factory=Reports, compare=False)
-
-    @functools.cached_property
-    def baselines(self) -> dict[str, Plan]:
-        """The standard baselines on the same trace, made once per search (the portfolio,
-        budget seeds and the compiled fallback all read them); ``{}`` for an argument
-        structure they do not fit."""
-        try:
-            return baselines(
-                self.traced.fn,
-                *self.traced.args,
-                mesh=self.mesh,
-                device=self.profile,
-                traced=self.traced,
-            )
-        except SearchError:  # unusual argument structure: no baselines
-            return {}
-
-    @functools.cached_property
-    def budget_baselines(self) -> dict[str, Plan]:
-        """The baselines and ZeRO-3 (parameters split too; with Megatron on the last axis
-        of a 2-D mesh): what a memory budget mixes with remat (``mix.py``)."""
-        out = dict(self.baselines)
-        if not out:
-            return out
-        names = [str(a) for a in self.mesh.axis_names]
-        kw = {"mesh": self.mesh, "device": self.profile, "traced": self.traced, "stage": 3}
-        fn, args = self.traced.fn, self.traced.args
-        try:
-            out["zero3"] = zero(fn, *args, **kw)
-            if len(names) > 1:
-                out["zero3+megatron"] = zero(
-                    fn, *args, axes=tuple(names[:-1]), model_axis=names[-1], **kw
-                )
-        except SearchError:  # ZeRO-3 does not fit this argument structure
-            pass
-        return out
-
-
-def _compiled_baseline(
-    problem: _Problem, budget: float, used: str, notes: list[str], why: str
-) -> Plan:
-    """The fastest (predicted) baseline whose compiled memory fits ``budget``, when the
-    searched plans' compiled memory does not (the model under-predicted XLA's buffers).
-
-    Raises:
-        SearchError: no baseline compiles within the budget either (``why``: what the
-            search tried).
-    """
-    options = problem.baselines
-    for name, p in sorted(options.items(), key=lambda item: item[1].cost.time):
-        compiled = problem.reports.get(p).memory.total
-        if compiled <= budget:
-            note = (
-                f"the searched plans compile over the budget, so the fastest baseline that "
-                f"compiles within it is returned: {name} ({compiled} B)"
-            )
-            return dataclasses.replace(
-                p,
-                method=f"{used}→{name}",
-                optimal=None,
-                notes=(*notes, note),
-                memory_budget=int(budget),
-            )
-    raise SearchError(
-        f"no plan fits memory_budget={budget:.0f} bytes per device once compiled: {why}; no "
-        "baseline compiles within it either. Raise the budget, or use a larger mesh."
-    )
-
-
-def _confirmed(
-    plan: Plan,
-    problem: _Problem,
-    memory_budget: float | None,
-    target: float | None,
-    report: Callable[[float, str], None],
-) -> Plan:
-    """``auto``'s choice confirmed on compiled truth (``confirm.py``): the search's plan or
-    a baseline, whichever compiles to the lowest objective within ``memory_budget``. An
-    interrupt while compiling falls back to the predicted ranking (``_portfolio``)."""
-    try:
-        chosen, _ = confirm_compiled(
-            plan, problem.baselines, problem.profile, memory_budget, problem.reports, report
-        )
-    except KeyboardInterrupt:
-        plan = dataclasses.replace(
-            plan,
-            notes=(
-                *plan.notes,
-                "interrupted while compiling to confirm: the predicted ranking decides",
-            ),
-        )
-        return _portfolio(plan, problem, target)
-    return chosen
-
-
-_BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="confirm")
-
-
-def _in_background(
-    plan: Plan, problem: _Problem, memory_budget: float | None, target: float | None
-) -> Plan:
-    """The predicted ranking's choice now, the compiled one later (``plan.confirmed()``)."""
-    future = _BACKGROUND.submit(
-        _confirmed, plan, problem, memory_budget, target, lambda fraction, message: None
-    )
-    chosen = _portfolio(plan, problem, target)
-    note = "confirming by compiling in the background: plan.confirmed() returns the result"
-    return dataclasses.replace(chosen, notes=(*chosen.notes, note), confirmation=future)
-
-
-def confirm_plan(
-    plan: Plan,
-    *,
-    device: str | DeviceProfile | None = None,
-    memory_budget: float | None = None,
-    background: bool = False,
-) -> Plan | concurrent.futures.Future[Plan]:
-    """Confirm ``plan`` on compiled programs, on request (``shardlab.confirm``).
-
-    Compiles the plan, the three baselines the cost model predicts cheapest and data
-    parallel, and returns the one with the lowest compiled objective, as
-    ``search(..., confirm=True)`` does (see ``confirm.py``); its notes give the predicted
-    and compiled figures. ``device`` defaults to the profile the plan was costed with,
-    ``memory_budget`` to the plan's own. With ``background=True`` the compiles run in a
-    background thread and a ``concurrent.futures.Future`` of the plan is returned.
-
-    Raises:
-        SearchError: the plan is not bound to a function (``plan.bind(fn, *args, mesh=m)``).
-    """
-    binding = plan.binding
-    if binding is None:
-        raise SearchError(
-            "shardlab.confirm(plan) needs a bound plan: plan.bind(fn, *args, mesh=mesh) first"
-        )
-    problem = _Problem(binding.traced, binding.mesh, resolve_profile(device or plan.cost.device))
-    budget = plan.memory_budget if memory_budget is None else memory_budget
-    target = None if budget is None else float(budget)
-    args = (plan, problem, budget, target, lambda fraction, message: None)
-    if background:
-        return _BACKGROUND.submit(_confirmed, *args)
-    return _confirmed(*args)
-
-
-def _portfolio(plan: Plan, problem: _Problem, budget: float | None) -> Plan:
-    """``auto`` also costs the standard baselines (argument layouts only, the rest
-    propagated as the partitioner would) and keeps the cheapest prediction: the search's
-    model reduces partial sums where they arise, propagation may defer them."""
-    options = problem.baselines
-    fits = {
-        name: p for name, p in options.items() if budget is None or p.cost.memory.peak <= budget
-    }
-    if not fits:
-        return plan
-    name, best = min(fits.items(), key=lambda item: item[1].cost.time)
-    # the baselines are priced as the partitioner propagates their layouts: so is the plan;
-    # a tie in time and memory goes to the baseline, as confirming does (confirm._choose)
-    as_placed = partitioned_cost(plan, problem.profile)
-    placed = as_placed.time
-    tie = best.cost.time <= placed * (1 + 1e-6) and (best.cost.memory.peak <= as_placed.memory.peak)
-    if best.cost.time >= placed * (1 - 1e-6) and not tie:
-        note = (
-            f"auto: the cost model predicts the search's plan faster than every baseline "
-            f"(best: {name}); not confirmed by compiling"
-        )
-        return dataclasses.replace(plan, notes=(*plan.notes, note))
-    how = "as fast, in no more memory, with no constraints," if tie else "faster"
-    note = (
-        f"auto: baseline {name} is predicted {how} ({best.cost.time * 1e3:.3f} ms) than the "
-        f"{plan.method} plan ({placed * 1e3:.3f} ms as the partitioner propagates its "
-        "layouts), so it is returned"
-    )
-    return dataclasses.replace(
-        best, method=f"{plan.method}→{name}", notes=(*plan.notes, note), optimal=None
-    )
-
-
-def _baseline_seeds(problem: _Problem, space: Space):
-    """``(name, choice)`` of the standard baselines mapped into the space (start points
-    and fallbacks for a memory budget)."""
-    g = space.graph
-    plans = problem.baselines
-    out = []
-    for name, plan in plans.items():
-        outs = [
-            plan.input_specs[space.ties[p]] if p in space.ties else None
-            for p in range(len(g.outputs))
-        ]
-        prop = propagate(
-            g, list(plan.input_specs), space.sizes, problem.profile, output_layouts=outs
-        )
-        out.append((name, choice_from_layouts(space, prop.layouts)))
-    return out

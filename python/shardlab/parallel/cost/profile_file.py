@@ -1,0 +1,221 @@
+"""The calibrated profile's file: ``save_profile`` writes a ``DeviceProfile`` as JSON,
+``load_profile`` reads one back (read with ``json`` and checked field by field, never
+evaluated; ``ProfileFileError`` names the file and the field). ``calibrate.py`` measures the
+profiles and re-exports these names.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from shardlab.parallel.cost.profiles import (
+    DEVICE_PROFILES,
+    Calibration,
+    CollectiveFit,
+    DeviceProfile,
+    register_profile,
+)
+from shardlab.parallel.records import COLLECTIVE_KINDS
+
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "ProfileFileError",
+    "load_profile",
+    "profile_from_dict",
+    "save_profile",
+]
+
+FORMAT = "shardlab-device-profile"
+VERSION = 1
+
+
+class ProfileFileError(ValueError):
+    """A profile file that cannot be read: names the file and the field."""
+
+
+def save_profile(profile: DeviceProfile, path: str | os.PathLike[str]) -> str:
+    """Write ``profile`` as JSON; returns the path."""
+    data = {"format": FORMAT, "version": VERSION, "profile": profile.to_dict()}
+    with open(path, "w") as handle:
+        json.dump(data, handle, indent=1)
+    return os.fspath(path)
+
+
+def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
+    """Read a profile written by ``save_profile``, checking every field.
+
+    Raises:
+        ProfileFileError: the file is not JSON, not a profile, or a field is missing or
+            has the wrong type or an impossible value (the message names it).
+    """
+    where = os.fspath(path)
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except OSError as error:
+        raise ProfileFileError(f"{where}: cannot read the profile file ({error})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ProfileFileError(f"{where}: not a JSON profile file ({error})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ProfileFileError(
+            f"{where}: not a shardlab profile (expected 'format': {FORMAT!r}; write one with "
+            "save_profile(shardlab.calibrate(), path))"
+        )
+    if data.get("version") != VERSION:
+        raise ProfileFileError(
+            f"{where}: field 'version' is {data.get('version')!r}; this shardlab reads {VERSION}"
+        )
+    profile = profile_from_dict(data.get("profile"), where=where)
+    if profile.calibration is None:
+        return profile
+    if profile.name in DEVICE_PROFILES:
+        raise ProfileFileError(
+            f"{where}: field 'name' is {profile.name!r}, a datasheet profile's name; a "
+            "calibrated profile needs its own (e.g. 'calibrated-cpu8-20261202T131500')"
+        )
+    return register_profile(profile)
+
+
+def _field(data: Mapping[str, Any], name: str, kind: Any, where: str, *, positive=False) -> Any:
+    if name not in data:
+        raise ProfileFileError(f"{where}: field {name!r} is missing")
+    value = data[name]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+    if ok and float in kinds and isinstance(value, (int, float)):
+        ok = math.isfinite(value) and value >= 0 and (value > 0 or not positive)
+    if not ok:
+        expected = (
+            "a positive finite number" if positive else " or ".join(k.__name__ for k in kinds)
+        )
+        raise ProfileFileError(f"{where}: field {name!r} is {value!r}, expected {expected}")
+    return value
+
+
+def _measured(
+    data: Mapping[str, Any], name: str, default: float, where: str, bounds: tuple[float, float]
+) -> float:
+    """A measured figure within ``bounds``; ``default`` in files written before it was
+    measured."""
+    value = data.get(name, default)
+    low, high = bounds
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or not low <= value <= high:
+        within = f"from {low:g} to {high:g}" if math.isfinite(high) else f"of at least {low:g}"
+        raise ProfileFileError(f"{where}: field {name!r} is {value!r}, expected a number {within}")
+    return float(value)
+
+
+def _number_map(data: Mapping[str, Any], name: str, where: str) -> dict[str, float]:
+    value = _field(data, name, dict, where)
+    out = {}
+    for key, number in value.items():
+        _field(value, key, (int, float), f"{where}: {name}", positive=True)
+        out[str(key)] = float(number)
+    return out
+
+
+def profile_from_dict(data: Any, *, where: str = "profile") -> DeviceProfile:
+    """A ``DeviceProfile`` from its ``to_dict()`` form, every field checked.
+
+    Raises:
+        ProfileFileError: a field is missing, of the wrong type or out of range.
+    """
+    if not isinstance(data, dict):
+        raise ProfileFileError(f"{where}: field 'profile' is {type(data).__name__}, not an object")
+    num = (int, float)
+    fits = []
+    raw_fits = _field(data, "collective_fits", list, where)
+    for i, fit in enumerate(raw_fits):
+        at = f"{where}: collective_fits[{i}]"
+        if not isinstance(fit, dict):
+            raise ProfileFileError(f"{at} is {fit!r}, expected an object")
+        kind = _field(fit, "kind", str, at)
+        if kind not in COLLECTIVE_KINDS:
+            raise ProfileFileError(
+                f"{at}: field 'kind' is {kind!r}; known: {', '.join(COLLECTIVE_KINDS)}"
+            )
+        group = _field(fit, "group_size", int, at)
+        if group < 2:
+            raise ProfileFileError(f"{at}: field 'group_size' is {group!r}, expected 2 or more")
+        sizes = _field(fit, "result_bytes", list, at)
+        seconds = _field(fit, "seconds", list, at)
+        for j, s in enumerate(sizes):
+            _field({"result_bytes": s}, "result_bytes", int, f"{at}[{j}]")
+        for j, s in enumerate(seconds):
+            _field({"seconds": s}, "seconds", num, f"{at}[{j}]", positive=True)
+        fits.append(
+            CollectiveFit(
+                kind=kind,
+                axis=_field(fit, "axis", str, at),
+                group_size=group,
+                alpha=float(_field(fit, "alpha", num, at)),
+                beta=float(_field(fit, "beta", num, at, positive=True)),
+                residual=float(_field(fit, "residual", num, at)),
+                result_bytes=tuple(int(s) for s in sizes),
+                seconds=tuple(float(s) for s in seconds),
+            )
+        )
+    raw = data.get("calibration")
+    calibration = None
+    if raw is not None:
+        at = f"{where}: calibration"
+        if not isinstance(raw, dict):
+            raise ProfileFileError(f"{at} is {raw!r}, expected an object or null")
+        date = _field(raw, "date", str, at)
+        try:
+            datetime.datetime.fromisoformat(date.replace("Z", "+00:00"))
+        except ValueError:
+            raise ProfileFileError(
+                f"{at}: field 'date' is {date!r}, expected ISO 8601 (2026-12-02T13:00:00Z)"
+            ) from None
+        mesh = _field(raw, "mesh", dict, at)
+        for axis, size in mesh.items():
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                raise ProfileFileError(f"{at}: mesh axis {axis!r} has size {size!r}")
+        count = _field(raw, "device_count", int, at)
+        if count < 1:
+            raise ProfileFileError(f"{at}: field 'device_count' is {count!r}, expected ≥ 1")
+        calibration = Calibration(
+            date=date,
+            platform=_field(raw, "platform", str, at),
+            device_kind=_field(raw, "device_kind", str, at),
+            device_count=count,
+            mesh={str(k): int(v) for k, v in mesh.items()},
+            quick=_field(raw, "quick", bool, at),
+            seconds=float(_field(raw, "seconds", num, at)),
+            runs=_field(raw, "runs", int, at),
+            matmul_residual=float(_field(raw, "matmul_residual", num, at)),
+            bandwidth_residual=float(_field(raw, "bandwidth_residual", num, at)),
+            dispatch=float(_field(raw, "dispatch", num, at)),
+            jax_version=str(raw.get("jax_version", "")),
+        )
+    name = _field(data, "name", str, where)
+    if not name:
+        raise ProfileFileError(f"{where}: field 'name' is empty")
+    return DeviceProfile(
+        name=name,
+        peak_flops=float(_field(data, "peak_flops", num, where, positive=True)),
+        memory_bytes=int(_field(data, "memory_bytes", num, where, positive=True)),
+        memory_bandwidth=float(_field(data, "memory_bandwidth", num, where, positive=True)),
+        link_bandwidth=float(_field(data, "link_bandwidth", num, where, positive=True)),
+        link_latency=float(_field(data, "link_latency", num, where)),
+        axis_bandwidth=_number_map(data, "axis_bandwidth", where),
+        kind_bandwidth=_number_map(data, "kind_bandwidth", where),
+        forms_reduce_scatter=_field(data, "forms_reduce_scatter", bool, where),
+        expands_select_and_scatter=_field(data, "expands_select_and_scatter", bool, where),
+        source=_field(data, "source", str, where),
+        op_overhead=float(_field(data, "op_overhead", num, where)),
+        overlap=_measured(data, "overlap", 1.0, where, (0.0, 1.0)),
+        operand_latency=_measured(data, "operand_latency", 0.0, where, (0.0, 1.0)),
+        narrow_convolution=_measured(data, "narrow_convolution", 1.0, where, (1.0, math.inf)),
+        feature_overhead=_measured(data, "feature_overhead", 0.0, where, (0.0, math.inf)),
+        collective_fits=tuple(fits),
+        calibration=calibration,
+    )
