@@ -1,6 +1,6 @@
 """What XLA:CPU holds in temp at its peak, read from an ``--xla_dump_to`` directory.
 
-The counterpart of the memory model's own peak (``cost/memory.py``) when they disagree:
+The counterpart of the memory model's own peak (``cost/memory/``) when they disagree:
 compile with ``XLA_FLAGS=--xla_dump_to=DIR`` (``plan.verify()`` does the compiling), then
 
     python tools/xla_peak.py DIR [module-name-part]

@@ -2,7 +2,7 @@
 cheapest of what fits among ILP memory rows (with cuts at each solution's own peak), a
 Lagrangian memory penalty, and the baselines' layouts mapped into the space.
 
-Memory is the memory model's (``cost/memory.py``) through ``choice.memory_of``; the driver
+Memory is the memory model's (``cost/memory/``) through ``choice.memory_of``; the driver
 checks the final plan on the compiled program when the graph is small.
 """
 
