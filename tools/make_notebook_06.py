@@ -78,7 +78,7 @@ print(f"read {sum(rows_read)} of {full.shape[0]} rows; global batch {batch.shape
 md("""
 ## A sharded train step
 The batch is split over `data`, the weights over `model` (tensor parallel). The losses match
-what one process with 8 devices computes (`tests/test_cluster.py` checks that).
+what one process with 8 devices computes (`tests/integration/test_cluster.py` checks that).
 """)
 code("""
 %%spmd

@@ -67,7 +67,7 @@ if TYPE_CHECKING:  # the same names for type checkers (``X as X``: re-exported)
 
 # The public face, once: name -> "module" or "module:attribute" (the module defining it).
 # ``__all__`` is this table's names; the ``TYPE_CHECKING`` imports above are the same names
-# for type checkers, and tests/test_architecture.py checks that the two agree.
+# for type checkers, and tests/core/test_architecture.py checks that the two agree.
 _PUBLIC: dict[str, str] = {
     "data": "shardlab.data",
     "examples": "shardlab.examples",

@@ -187,7 +187,7 @@ def reshard(src: DimAxes, dst: DimAxes, nbytes: int, sizes: Mapping[str, int]) -
     target gather the axes that leave, then exchange the moved ones; an axis that leaves a
     dimension it shares with another that does not stay rematerialises the whole tensor
     ("involuntary full rematerialization"). Measured on XLA:CPU, jax 0.10, every pair of
-    layouts of a matrix on 2×4 and 4×2 meshes (``tests/test_comm_partitioner.py``).
+    layouts of a matrix on 2×4 and 4×2 meshes (``tests/parallel/test_comm_partitioner.py``).
 
     Returns:
         ``(kind, result_bytes_per_device, group_size, axes)`` per collective.
@@ -310,7 +310,7 @@ def slice_halos(size: int, shards: int, start: int, length: int) -> list[int] | 
     replicates the dimension instead (an all-gather), or for uneven splits, which it pads.
 
     Measured against the compiled program: a fused qkv split three ways over 2, 4, 8
-    shards is 2, 7, 9 permutes (``tests/test_comm_partitioner.py``)."""
+    shards is 2, 7, 9 permutes (``tests/parallel/test_comm_partitioner.py``)."""
     if shards <= 1 or size % shards or length % shards or length <= 0:
         return None
     w, o = size // shards, length // shards

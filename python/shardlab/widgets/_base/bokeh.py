@@ -14,7 +14,7 @@ SVG view stays. The loader is published again when the cell that holds it runs a
 output would be replaced) and after a kernel restart (a new session).
 
 ``bokeh`` is imported here and in the ``bokeh_*`` views only, on first use: the parallel core
-and ``import shardlab`` never load it (tests/test_architecture.py).
+and ``import shardlab`` never load it (tests/core/test_architecture.py).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from nbclient import NotebookClient
 
 pytestmark = pytest.mark.notebook
 
-NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 
 
 def stream_text(cell) -> str:

@@ -24,12 +24,7 @@ def which_mode(v):
 PROBE = "m = which_mode(x0)\nm"
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.ok(SETUP)
-    yield k
-    k.shutdown()
+KERNEL_SETUP = SETUP
 
 
 def probe(kernel, prefix="", metadata=None):

@@ -255,7 +255,7 @@ def test_rules_keep_split_stacked_and_windowed_dims_whole():
 def test_split_along_a_sharded_dim_is_a_halo_exchange_as_compiled():
     """A split along a sharded dim: the pieces stay split and each device fetches its rows
     with collective-permutes, as XLA compiles it (the model used to gather the operand,
-    an upper bound: ``tests/test_comm_partitioner.py`` has the general case)."""
+    an upper bound: ``tests/parallel/test_comm_partitioner.py`` has the general case)."""
     x = _x(16, 8, 4)
     fn = lambda x: jnp.split(x, 2, axis=0)  # noqa: E731
     mesh = _mesh(M8)

@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from kernelclient import Kernel
-
 pytestmark = pytest.mark.kernel
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.ok(
-        "import jax, jax.numpy as jnp, shardlab\n"
-        "from jax.sharding import NamedSharding, PartitionSpec as P\n"
-        "m = shardlab.mesh(data=2, model=4)"
-    )
-    yield k
-    k.shutdown()
+KERNEL_SETUP = (
+    "import jax, jax.numpy as jnp, shardlab\n"
+    "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+    "m = shardlab.mesh(data=2, model=4)"
+)
 
 
 def display_id(content):

@@ -12,7 +12,6 @@ import sys
 
 import pytest
 
-from kernelclient import Kernel
 from shardlab.engine.resources.devices import (
     DEVICE_HOST_BYTES,
     MAX_CPU_DEVICES,
@@ -22,13 +21,7 @@ from shardlab.engine.resources.devices import (
     parse_devices,
 )
 
-
-@pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.ok("import gc, json, weakref\nimport jax, jax.numpy as jnp, numpy as np, shardlab")
-    yield k
-    k.shutdown()
+KERNEL_SETUP = "import gc, json, weakref\nimport jax, jax.numpy as jnp, numpy as np, shardlab"
 
 
 def evalue(execution) -> str:

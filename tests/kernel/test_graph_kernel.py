@@ -11,12 +11,7 @@ from kernelclient import Kernel
 pytestmark = pytest.mark.kernel
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.ok("import jax, jax.numpy as jnp, numpy as np")
-    yield k
-    k.shutdown()
+KERNEL_SETUP = "import jax, jax.numpy as jnp, numpy as np"
 
 
 def traces(kernel: Kernel) -> int:

@@ -13,7 +13,7 @@ import pytest
 
 import shardlab
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 BUILT = REPO / "python" / "shardlab" / "labextension"
 INSTALLED = pathlib.Path(sys.prefix) / "share" / "jupyter" / "labextensions" / "shardlab"
 

@@ -7,17 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from kernelclient import Kernel
-
 pytestmark = pytest.mark.kernel
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.ok("import jax, jax.numpy as jnp, numpy as np, shardlab")
-    yield k
-    k.shutdown()
+KERNEL_SETUP = "import jax, jax.numpy as jnp, numpy as np, shardlab"
 
 
 def test_graph_cell_with_traced_if_works_and_counts_its_conversions(kernel):

@@ -1,7 +1,7 @@
 """Issue 14, the parts around the calibration: which profile priced a plan in the Plan
 display, the editor and the timeline (with the measured-vs-model gap per phase), the
 explorer on a calibrated profile, the ranking bench's helpers, and ``%calibrate`` in a real
-kernel. ``tests/test_calibrate.py`` tests the calibration itself."""
+kernel. ``tests/parallel/cost/test_calibrate.py`` tests the calibration itself."""
 
 from __future__ import annotations
 

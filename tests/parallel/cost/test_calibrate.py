@@ -2,7 +2,7 @@
 JSON file (round trip, hostile files), and the cost model pricing with the measured figures.
 
 One quick calibration is shared by the module (about 10 s here); the kernel magic and the
-views that show the profile are tested in tests/test_calibrate_views.py.
+views that show the profile are tested in tests/widgets/test_calibrate_views.py.
 """
 
 from __future__ import annotations

@@ -47,12 +47,7 @@ def comm_info(kernel: Kernel) -> dict[str, Any]:
     return reply["content"]["comms"]
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.ok("import jax, jax.numpy as jnp, shardlab\nfrom jax.sharding import PartitionSpec as P")
-    yield k
-    k.shutdown()
+KERNEL_SETUP = "import jax, jax.numpy as jnp, shardlab\nfrom jax.sharding import PartitionSpec as P"
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ from shardlab.parallel.graph.rules import rule_for
 from shardlab.parallel.graph.trace import trace
 from shardlab.parallel.plan.fixed import fixed_plan
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 
 
 def test_opgraph_inlines_calls_keeps_control_flow_and_sources():

@@ -12,7 +12,7 @@ import pytest
 
 import shardlab
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 FORBIDDEN = ("IPython", "ipywidgets", "bokeh", "ipykernel", "jupyter_bokeh")
 
 

@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.notebook, pytest.mark.timeout(1800)]
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 TAIL = 4000
 
 
