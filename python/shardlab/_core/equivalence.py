@@ -38,6 +38,8 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
+from shardlab._core.trees import dynamic_part
+
 __all__ = ["Mismatch", "assert_same_program", "rounding_steps", "same_program", "tolerance"]
 
 FAILURE_PROBABILITY = 1e-6
@@ -54,17 +56,12 @@ def rounding_steps(fn: Any, *args: Any, **kwargs: Any) -> int:
     Leaves that are not arrays (an equinox module's functions, strings, Python numbers) are
     closed over, as ``jax.jit`` would treat them as static; only array outputs are traced.
     """
-    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-    arrays = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (jax.Array, np.ndarray))]
+    dynamic, arrays = dynamic_part(fn, args, kwargs)
 
-    def of_arrays(*values: Any) -> Any:
-        full = list(leaves)
-        for i, value in zip(arrays, values, strict=True):
-            full[i] = value
-        a, k = jax.tree_util.tree_unflatten(treedef, full)
-        return [x for x in jax.tree.leaves(fn(*a, **k)) if isinstance(x, jax.Array)]
+    def array_outputs(*values: Any) -> list[Any]:
+        return [x for x in jax.tree.leaves(dynamic(*values)) if isinstance(x, jax.Array)]
 
-    closed = jax.make_jaxpr(of_arrays)(*[leaves[i] for i in arrays])
+    closed = jax.make_jaxpr(array_outputs)(*arrays)
     return max(1, _steps(closed.jaxpr))
 
 

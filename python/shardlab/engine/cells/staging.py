@@ -22,13 +22,14 @@ import collections
 import dataclasses
 import linecache
 import sys
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import numpy as np
 
+from shardlab._core.trees import Parts, is_array, is_jax_array, split
 from shardlab.engine.cells import state
 from shardlab.engine.cells.errors import GraphStagingError, translate_trace_error
 from shardlab.engine.cells.source import FORMAT_NAME, RESULT_NAME, CellSource, analyse_cell
@@ -52,84 +53,10 @@ _TRACE_ERRORS = (
 )
 
 
-def _is_array(leaf: object) -> bool:
-    """An input leaf the program takes as an argument: a JAX array or a numeric NumPy array."""
-    if isinstance(leaf, jax.Array):
-        return True
-    return isinstance(leaf, np.ndarray) and leaf.dtype != object
-
-
-def _is_jax_array(leaf: object) -> bool:
-    """An array leaf of a value made while tracing (outputs, ``print`` arguments)."""
-    return isinstance(leaf, jax.Array)
-
-
-@dataclass(frozen=True)
-class _Parts:
-    """A pytree taken apart: its structure, where its array leaves were, the other leaves.
-
-    Inputs, outputs and ``print`` arguments of a graph cell all cross the program boundary
-    this way: the arrays go through the program, the rest is kept here to rebuild the tree.
-    """
-
-    treedef: Any
-    array_positions: tuple[int, ...]
-    static_leaves: tuple[Any, ...]  # None where an array goes
-    order: Any = None  # the dicts' key order, where it is not the sorted one (_order_of)
-
-    def rebuild(self, arrays: Sequence[Any]) -> Any:
-        """The pytree again, with ``arrays`` (one per array position, in order) put back."""
-        leaves = list(self.static_leaves)
-        for position, array in zip(self.array_positions, arrays, strict=True):
-            leaves[position] = array
-        return _apply_order(jax.tree_util.tree_unflatten(self.treedef, leaves), self.order)
-
-
-def _split(tree: Any, is_array: Callable[[object], bool]) -> tuple[_Parts, list[Any]]:
-    """Takes ``tree`` apart: its parts, and its leaves for which ``is_array`` holds."""
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    positions = tuple(i for i, leaf in enumerate(leaves) if is_array(leaf))
-    arrays_at = set(positions)  # a big pytree is split on every run: no tuple scans
-    static_leaves = tuple(None if i in arrays_at else leaf for i, leaf in enumerate(leaves))
-    parts = _Parts(treedef, positions, static_leaves, _order_of(tree))
-    return parts, [leaves[i] for i in positions]
-
-
-def _order_of(tree: Any) -> Any:
-    """The key order of the plain dicts in ``tree`` (a skeleton through dicts, lists and
-    tuples), or None where every dict's keys are sorted: JAX rebuilds dicts with sorted
-    keys, and a cell that iterates over a dict must see the order the user wrote."""
-    kind = type(tree)
-    if kind is dict:
-        children = tuple(_order_of(v) for v in tree.values())
-        keys = tuple(tree)
-        try:
-            ordered = keys == tuple(sorted(keys))
-        except TypeError:
-            ordered = False
-        if ordered and all(c is None for c in children):
-            return None
-        return ("dict", keys, children)
-    if kind is list or kind is tuple:
-        children = tuple(_order_of(v) for v in tree)
-        return None if all(c is None for c in children) else ("seq", children)
-    return None
-
-
-def _apply_order(value: Any, order: Any) -> Any:
-    if order is None:
-        return value
-    if order[0] == "dict" and type(value) is dict and len(value) == len(order[1]):
-        return {k: _apply_order(value[k], c) for k, c in zip(order[1], order[2], strict=True)}
-    if order[0] == "seq" and type(value) in (list, tuple) and len(value) == len(order[1]):
-        return type(value)(_apply_order(v, c) for v, c in zip(value, order[1], strict=True))
-    return value
-
-
 @dataclass(frozen=True)
 class _Input:
     name: str
-    parts: _Parts
+    parts: Parts
 
 
 class DeferredFormat:
@@ -164,7 +91,7 @@ jax.tree_util.register_pytree_node(
 class _Print:
     """One ``print`` call of a trace: its arguments, taken apart, and its keywords."""
 
-    args: _Parts
+    args: Parts
     kwargs: dict[str, Any]
 
 
@@ -173,12 +100,12 @@ class _Structure:
     """What a trace found out about the outputs (recorded per input signature)."""
 
     names: tuple[str, ...]
-    values: _Parts  # the values of ``names``, as a tuple
+    values: Parts  # the values of ``names``, as a tuple
     prints: list[_Print]
     # Inputs the cell changed in place (an nnx module's RNG counter, a BatchNorm's
     # statistics): their new state, as a tuple of (name, value) after ``values``' arrays.
     mutated: tuple[str, ...] = ()
-    mutated_values: _Parts | None = None
+    mutated_values: Parts | None = None
 
 
 @dataclass
@@ -333,7 +260,7 @@ def _split_inputs(
         if name not in namespace:
             continue
         value = namespace[name]
-        parts, leaves = _split(value, _is_array)
+        parts, leaves = split(value, is_array)
         if leaves:
             inputs.append(_Input(name, parts))
             arrays.extend(leaves)
@@ -363,7 +290,7 @@ def _make_staged(entry: _Entry, cache: GraphCache) -> Callable[..., Any]:
         outer_trace = next((getattr(a, "_trace", None) for a in arrays), None)
 
         def record(args: tuple[Any, ...], kwargs: dict[str, Any], fallback: Callable) -> None:
-            parts, args_arrays = _split(args, _is_jax_array)
+            parts, args_arrays = split(args, is_jax_array)
             foreign = any(getattr(a, "_trace", outer_trace) is not outer_trace for a in args_arrays)
             if foreign:  # inside a nested transformation: a runtime callback
                 fallback()
@@ -373,7 +300,7 @@ def _make_staged(entry: _Entry, cache: GraphCache) -> Callable[..., Any]:
 
         def staged_print(*args: Any, **kwargs: Any) -> None:
             def fallback() -> None:
-                parts, args_arrays = _split(args, _is_jax_array)
+                parts, args_arrays = split(args, is_jax_array)
                 item = _Print(parts, kwargs)
                 jax.debug.callback(lambda *values: _emit(item, list(values)), *args_arrays)
 
@@ -420,7 +347,7 @@ def _make_staged(entry: _Entry, cache: GraphCache) -> Callable[..., Any]:
             _refuse_traced_leftovers(cell, name, namespace[name])
         for name, value in entry.statics.items():
             _refuse_traced_leftovers(cell, name, value, outside=True)
-        parts, out_arrays = _split(tuple(namespace[n] for n in names), _is_jax_array)
+        parts, out_arrays = split(tuple(namespace[n] for n in names), is_jax_array)
         mutated: list[str] = []
         mutated_values: list[Any] = []
         for spec, value, before in rebuilt:
@@ -437,7 +364,7 @@ def _make_staged(entry: _Entry, cache: GraphCache) -> Callable[..., Any]:
         structure = _Structure(names, parts, prints)
         if mutated:
             structure.mutated = tuple(mutated)
-            structure.mutated_values, more = _split(tuple(mutated_values), _is_jax_array)
+            structure.mutated_values, more = split(tuple(mutated_values), is_jax_array)
             out_arrays = [*out_arrays, *more]
         entry.structures[_signature(arrays)] = structure
         return out_arrays, print_arrays
@@ -459,7 +386,7 @@ def _refuse_traced_leftovers(
     else:
         found = None
         for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
-            if not _is_jax_array(leaf):
+            if not is_jax_array(leaf):
                 found = state.find_tracer(leaf, name + jax.tree_util.keystr(path))
                 if found is not None:
                     break

@@ -37,10 +37,11 @@ import numpy as np
 from jax.extend import core as jex_core
 
 from shardlab._core.source import equation_source
+from shardlab._core.trees import dynamic_part
 from shardlab._core.views import view_for
 from shardlab.engine.compare import evaluate as jaxpr_eval
 from shardlab.engine.compare.numerics import Difference, Tolerance, difference, fmt
-from shardlab.engine.compare.run import TraceFailure, dynamic_part, trace_failure
+from shardlab.engine.compare.run import TraceFailure, trace_failure
 
 __all__ = ["BisectReport", "BisectStep", "bisect"]
 

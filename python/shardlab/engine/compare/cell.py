@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 
+from shardlab._core.trees import dynamic_part, is_array
 from shardlab.engine.cells.source import FORMAT_NAME, RESULT_NAME, analyse_cell
 from shardlab.engine.cells.staging import (
     DeferredFormat,
@@ -34,7 +35,7 @@ from shardlab.engine.cells.staging import (
 )
 from shardlab.engine.compare.bisect import BisectReport, bisect
 from shardlab.engine.compare.numerics import Tolerance
-from shardlab.engine.compare.run import CompareReport, TraceFailure, _is_array, run_three_ways
+from shardlab.engine.compare.run import CompareReport, TraceFailure, run_three_ways
 from shardlab.engine.convert.loops import Runtime
 from shardlab.engine.convert.ops import Undefined
 from shardlab.engine.convert.rewrite import RUNTIME
@@ -107,13 +108,13 @@ def _labels(tree: dict[str, Any]) -> list[tuple[str, Any]]:
     found = []
     for name, value in tree.items():
         for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
-            if _is_array(leaf):
+            if is_array(leaf):
                 found.append((name + jax.tree_util.keystr(tuple(path)), leaf))
     return found
 
 
 def _arrays_only(value: Any) -> Any:
-    return jax.tree_util.tree_map(lambda leaf: leaf if _is_array(leaf) else None, value)
+    return jax.tree_util.tree_map(lambda leaf: leaf if is_array(leaf) else None, value)
 
 
 def _silent_builtins() -> dict[str, Any]:
@@ -128,7 +129,7 @@ def _cell_function(
     inputs = {
         n: namespace[n]
         for n in cell.reads
-        if n in namespace and any(_is_array(x) for x in _leaves(namespace[n]))
+        if n in namespace and any(is_array(x) for x in _leaves(namespace[n]))
     }
 
     def cell_function(values: dict[str, Any]) -> dict[str, Any]:
@@ -254,10 +255,8 @@ def _compare(
 
     def eager_first() -> dict[str, Any]:
         values = eager_once()
-        names.extend(n for n, v in values.items() if any(_is_array(x) for x in _leaves(v)))
+        names.extend(n for n, v in values.items() if any(is_array(x) for x in _leaves(v)))
         return values
-
-    from shardlab.engine.compare.run import dynamic_part
 
     dynamic, arrays = dynamic_part(traced, (inputs,), {})
     try:
@@ -305,7 +304,7 @@ def bisect_cell(
             ns = cell.namespace(namespace)
             exec(cell.code, ns)
         outs = cell.outputs(ns, result_label)
-        names = [n for n, v in outs.items() if any(_is_array(x) for x in _leaves(v))]
+        names = [n for n, v in outs.items() if any(is_array(x) for x in _leaves(v))]
         fn, inputs = _cell_function(cell, namespace, names, result_label)
 
         def quiet(values: dict[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from shardlab._core.source import user_frame_of_exception
+from shardlab._core.trees import dynamic_part, is_array
 from shardlab._core.views import view_for
 from shardlab.engine.compare import evaluate as jaxpr_eval
 from shardlab.engine.compare.numerics import Difference, Tolerance, difference, fmt
@@ -187,30 +188,6 @@ def verdict(d: Difference, traced_agrees: bool) -> str:
 
 
 # -- running ------------------------------------------------------------------------------
-def _is_array(leaf: object) -> bool:
-    if isinstance(leaf, jax.Array):
-        return True
-    return isinstance(leaf, np.ndarray) and leaf.dtype != object
-
-
-def dynamic_part(
-    fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
-) -> tuple[Callable[..., Any], list[Any]]:
-    """``fn`` as a function of the array leaves of its arguments (the rest closed over)."""
-    leaves, treedef = jax.tree_util.tree_flatten((tuple(args), kwargs))
-    positions = [i for i, leaf in enumerate(leaves) if _is_array(leaf)]
-
-    def dynamic(*arrays: Any) -> Any:
-        full = list(leaves)
-        for position, array in zip(positions, arrays, strict=True):
-            full[position] = array
-        a, k = jax.tree_util.tree_unflatten(treedef, full)
-        return fn(*a, **k)
-
-    dynamic.__name__ = getattr(fn, "__name__", "fn")
-    return dynamic, [leaves[i] for i in positions]
-
-
 _TRACE_ERRORS = (
     jax.errors.ConcretizationTypeError,
     jax.errors.TracerArrayConversionError,
@@ -245,7 +222,7 @@ def output_labels(fn: Callable[..., Any], tree: Any) -> list[tuple[str, Any]]:
     names = _return_names(fn)
     out = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        if not _is_array(leaf):
+        if not is_array(leaf):
             continue
         if names and isinstance(tree, tuple) and path and len(names) == len(tree):
             head = names[getattr(path[0], "idx", 0)]

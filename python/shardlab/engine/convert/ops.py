@@ -31,6 +31,7 @@ from jax import lax
 from jax._src import source_info_util
 from jax.core import Tracer
 
+from shardlab._core.trees import is_array
 from shardlab.engine.cells.errors import GraphStagingError
 from shardlab.engine.convert.rewrite import RETURN_VALUE, Site
 
@@ -96,10 +97,7 @@ def _is_traced(value: object) -> bool:
     return isinstance(value, Tracer)
 
 
-def _is_array(value: object) -> bool:
-    return isinstance(value, (jax.Array, np.ndarray)) and not (
-        isinstance(value, np.ndarray) and value.dtype == np.dtype(object)
-    )
+_is_array = is_array  # the one array test (``_core/trees.py``)
 
 
 def _is_number(value: object) -> bool:
