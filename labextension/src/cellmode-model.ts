@@ -8,8 +8,8 @@
 import { Signal } from '@lumino/signaling';
 import type { ISignal } from '@lumino/signaling';
 
-import { MODES, isMode } from './logic';
-import type { Mode } from './logic';
+import { MODES, isMode } from './modes';
+import type { Mode } from './modes';
 
 export { MODES, isMode };
 

@@ -11,7 +11,7 @@ import { Widget } from '@lumino/widgets';
 
 import { CHOICES, METADATA_KEY, isChoice, readMetadataMode } from './cellmode-model';
 import type { CellRunStore, ICellRun, MetadataMode, ModeChoice } from './cellmode-model';
-import { effectiveBadge } from './logic';
+import { effectiveBadge } from './modes';
 
 /** What the widgets need from the plugin. */
 export interface ICellModeHost {

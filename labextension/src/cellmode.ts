@@ -20,7 +20,7 @@ import { NotebookCellModes } from './cellmode-notebook';
 import type { INotebookModesHost } from './cellmode-notebook';
 import { CellModeToolbarItem } from './cellmode-widgets';
 import { connectionFor } from './comm';
-import { SETTINGS_PLUGIN_ID } from './logic';
+import { SETTINGS_PLUGIN_ID } from './ids';
 
 export const SET_CELL_MODE = 'shardlab:set-cell-mode';
 /** The cell toolbar item's name (`jupyter.lab.toolbars.Cell` in schema/cellmode.json). */

@@ -14,16 +14,18 @@ import type { IDisposable } from '@lumino/disposable';
 import { Signal } from '@lumino/signaling';
 import type { ISignal } from '@lumino/signaling';
 
+import type { Mode } from './modes';
 import {
   COMM_TARGET,
   errorMessage,
   parseDevicesReply,
   parseReleaseReply,
   parseStatusMessage
-} from './logic';
-import type { IReleaseResult, IDevicesResult, IShardlabStatus, Mode } from './logic';
+} from './protocol';
+import type { IReleaseResult, IDevicesResult, IShardlabStatus } from './protocol';
 
-export type { IShardlabStatus, Mode } from './logic';
+export type { Mode } from './modes';
+export type { IShardlabStatus } from './protocol';
 
 interface IPending {
   resolve: (value: any) => void;

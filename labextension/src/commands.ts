@@ -22,19 +22,10 @@ import { Menu, Widget } from '@lumino/widgets';
 
 import { connectionFor } from './comm';
 import type { ShardlabConnection } from './comm';
-import {
-  MODES,
-  OPEN_PANEL_COMMAND,
-  SETTINGS_PLUGIN_ID,
-  SET_CELL_MODE_COMMAND,
-  formatBytes,
-  gpuInstallCommand,
-  isMode,
-  nextMode,
-  parseDeviceSpec,
-  setModeMagicLine
-} from './logic';
-import type { Mode } from './logic';
+import { formatBytes, gpuInstallCommand, parseDeviceSpec } from './format';
+import { OPEN_PANEL_COMMAND, SETTINGS_PLUGIN_ID, SET_CELL_MODE_COMMAND } from './ids';
+import { MODES, isMode, nextMode, setModeMagicLine } from './modes';
+import type { Mode } from './modes';
 
 export const CommandIDs = {
   setDefaultMode: 'shardlab:set-default-mode',

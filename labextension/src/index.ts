@@ -5,8 +5,10 @@
  * - `shardlab:statusbar` (statusbar.ts): mode, devices, mesh and memory of the kernel
  * - cellmode.ts: the per-cell mode control; panel.ts: the side panel
  *
- * comm.ts is the client of the kernel's `shardlab` comm that they all share; logic.ts holds
- * the pure functions (unit-tested in labextension/test).
+ * comm.ts is the client of the kernel's `shardlab` comm that they all share. The pure
+ * modules (no JupyterLab imports, unit-tested in labextension/test): protocol.ts (the status
+ * record and replies, validated), format.ts (bytes, durations, devices and mesh as text),
+ * modes.ts (mode names, magic lines, cell badges), ids.ts (shared plugin and command ids).
  */
 import type { JupyterFrontEndPlugin } from '@jupyterlab/application';
 
@@ -16,7 +18,10 @@ import panel from './panel';
 import statusbar from './statusbar';
 
 export { ShardlabConnection, connectionFor } from './comm';
-export * from './logic';
+export * from './format';
+export * from './ids';
+export * from './modes';
+export * from './protocol';
 
 const plugins: JupyterFrontEndPlugin<any>[] = [commands, statusbar, cellmode, panel];
 

@@ -10,8 +10,8 @@
  * (a bucket keeps its lowest and highest value, so peaks and releases stay visible) and the
  * newest `maxMarkers` markers.
  */
-import { formatBytes } from './logic';
-import type { IMemoryHistory } from './logic';
+import { formatBytes } from './format';
+import type { IMemoryHistory } from './protocol';
 import { naturalCompare } from './panel-view';
 
 export interface IChartOptions {

@@ -2,8 +2,8 @@
  * What the shardlab panel shows, as plain rows computed from the status record: no DOM,
  * no JupyterLab imports (unit-tested in node). panel.ts turns the rows into elements.
  */
-import { deviceText, formatBytes, formatDuration, meshText } from './logic';
-import type { IArrayInfo, IHistoryItem, IReleaseResult, IShardlabStatus } from './logic';
+import { deviceText, formatBytes, formatDuration, meshText } from './format';
+import type { IArrayInfo, IHistoryItem, IReleaseResult, IShardlabStatus } from './protocol';
 
 export interface IMemoryRow {
   device: string;

@@ -9,8 +9,8 @@ import type { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import type { ShardlabConnection } from './comm';
-import { formatBytes, gpuInstallCommand } from './logic';
-import type { IShardlabStatus } from './logic';
+import { formatBytes, gpuInstallCommand } from './format';
+import type { IShardlabStatus } from './protocol';
 import { MARGIN, MARKER_COLORS, MARKER_NAMES, memoryChart } from './memory-chart';
 import {
   arrayRows,

@@ -11,7 +11,7 @@ import type { NotebookPanel } from '@jupyterlab/notebook';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { connectionFor } from './comm';
-import { OPEN_PANEL_COMMAND } from './logic';
+import { OPEN_PANEL_COMMAND } from './ids';
 import { ShardlabPanel } from './panel-widget';
 
 const PANEL_ID = 'shardlab-panel';

@@ -15,15 +15,9 @@ import { Widget } from '@lumino/widgets';
 
 import { connectionFor } from './comm';
 import type { ShardlabConnection } from './comm';
-import {
-  OPEN_PANEL_COMMAND,
-  SETTINGS_PLUGIN_ID,
-  deviceText,
-  memoryText,
-  meshText,
-  statusTooltip
-} from './logic';
-import type { IShardlabStatus } from './logic';
+import { deviceText, memoryText, meshText, statusTooltip } from './format';
+import { OPEN_PANEL_COMMAND, SETTINGS_PLUGIN_ID } from './ids';
+import type { IShardlabStatus } from './protocol';
 
 const DEFAULT_REFRESH_MS = 2000;
 

@@ -8,7 +8,10 @@ for. So ``import shardlab; shardlab.search(...)`` loads no view library, and the
 ``plan.show()`` or notebook display loads just the view it needs.
 
 Kinds: ``plan`` (``Plan.show()``), ``html:<record>`` (a record's ``_repr_html_``),
-``compare`` and ``bisect`` (their reports' HTML), ``progress`` (the default bar of long calls).
+``compare`` and ``bisect`` (their reports' HTML), ``progress`` (the default bar of long calls),
+and one action the other way round: ``release``, which the kernel registers when it loads
+(``%release``'s ``shardlab.release``) and the memory panel's Release button calls, so that
+no view imports the kernel.
 """
 
 from __future__ import annotations

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardlab._core.views import register_view
 from shardlab.engine.resources import memory_history
 from shardlab.kernel.calibrate_magic import CalibrateMagics
 from shardlab.kernel.cluster_magic import ClusterMagics
 from shardlab.kernel.compare_magic import CompareMagics
 from shardlab.kernel.magics import ShardlabMagics
+from shardlab.kernel.release import release
 from shardlab.kernel.session import ShardlabSession, attach, detach, session_of
 from shardlab.kernel.status import StatusChannel
 
@@ -43,6 +45,7 @@ def register(shell: Any) -> ShardlabSession:
     shell.configurables.append(calibrate_magics)  # %config CalibrateMagics.use_by_default
     shell.register_magics(calibrate_magics)
     status.register_target()
+    register_view("release", release)  # the memory panel's Release button: %release
     return session
 
 

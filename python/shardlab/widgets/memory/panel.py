@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from shardlab._core.views import view_for
 from shardlab.widgets._base.html import Raw, View, error_html, esc, fmt_bytes, panel, table
 from shardlab.widgets._base.live import LiveDisplay, guarded, show_controls
 
@@ -167,9 +168,15 @@ class MemoryPanel:
         self.display.update(self.view())
 
     def release(self) -> None:
-        from shardlab import release
+        """What ``%release`` does where the kernel registered it (``_core/views.py``: the
+        views never import the kernel); elsewhere the engine's release (caches, heap)."""
+        kernel_release = view_for("release")
+        if kernel_release is not None:
+            report = kernel_release()
+        else:
+            from shardlab.engine.resources.live_memory import release
 
-        report = release()
+            report = release(None)
         if self.history is not None:
             self.history.mark("release", "Release button")
             self.history.refresh()

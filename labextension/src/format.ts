@@ -1,0 +1,147 @@
+/**
+ * Text for people: bytes in binary units, durations, the device set and its specs
+ * (`cpu:4`, `gpu:0,1`), the mesh, and the status bar's text and tooltip built from them. No
+ * JupyterLab imports (unit-tested in node, labextension/test/format.test.ts).
+ */
+
+import type { IDeviceInfo, IShardlabStatus } from './protocol';
+
+const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
+
+/** Bytes in binary units, as the kernel prints them: "512 B", "12.0 MiB". */
+export function formatBytes(bytes: number): string {
+  if (!Number.isFinite(bytes)) {
+    return '? B';
+  }
+  let value = bytes;
+  let unit = 0;
+  while (Math.abs(value) >= 1024 && unit < UNITS.length - 1) {
+    value /= 1024;
+    unit++;
+  }
+  return unit === 0 ? `${Math.round(value)} B` : `${value.toFixed(1)} ${UNITS[unit]}`;
+}
+
+/** A duration for a badge: "850 µs", "12 ms", "1.2 s", "3 min 5 s". */
+export function formatDuration(seconds: number): string {
+  if (!Number.isFinite(seconds) || seconds < 0) {
+    return '';
+  }
+  if (seconds < 1e-3) {
+    return `${Math.round(seconds * 1e6)} µs`;
+  }
+  if (seconds < 1) {
+    return `${Math.round(seconds * 1e3)} ms`;
+  }
+  if (seconds < 60) {
+    return `${seconds.toFixed(seconds < 10 ? 1 : 0)} s`;
+  }
+  const minutes = Math.floor(seconds / 60);
+  return `${minutes} min ${Math.round(seconds - minutes * 60)} s`;
+}
+
+/** The device set: "8 × CPU", "2 × NVIDIA H100 80GB HBM3", "4 × GPU (A100, H100)". */
+export function deviceText(devices: IDeviceInfo): string {
+  if (devices.count === 0) {
+    return 'no devices';
+  }
+  const platform = (devices.platform ?? 'device').toUpperCase();
+  if (platform === 'CPU') {
+    return `${devices.count} × CPU`;
+  }
+  if (devices.kinds.length === 1) {
+    return `${devices.count} × ${devices.kinds[0]}`;
+  }
+  const kinds = devices.kinds.length ? ` (${devices.kinds.join(', ')})` : '';
+  return `${devices.count} × ${platform}${kinds}`;
+}
+
+/** "mesh data=2 model=4", or "" without a mesh. */
+export function meshText(mesh: Record<string, number> | null): string {
+  if (!mesh || Object.keys(mesh).length === 0) {
+    return '';
+  }
+  return (
+    'mesh ' +
+    Object.entries(mesh)
+      .map(([axis, size]) => `${axis}=${size}`)
+      .join(' ')
+  );
+}
+
+/** The most bytes any one device holds. */
+export function maxBytesPerDevice(bytesPerDevice: Record<string, number>): number {
+  return Object.values(bytesPerDevice).reduce((a, b) => Math.max(a, b), 0);
+}
+
+/** "12.0 MiB/device": the most live bytes on any one device. */
+export function memoryText(bytesPerDevice: Record<string, number>): string {
+  return `${formatBytes(maxBytesPerDevice(bytesPerDevice))}/device`;
+}
+
+// -- the status bar ---------------------------------------------------------------------
+
+/** The parts the status bar shows, in order. */
+export function statusBarParts(status: IShardlabStatus): string[] {
+  const parts = [status.default_mode, deviceText(status.devices)];
+  const mesh = meshText(status.mesh);
+  if (mesh) {
+    parts.push(mesh);
+  }
+  parts.push(memoryText(status.bytes_per_device));
+  return parts;
+}
+
+export function statusBarText(status: IShardlabStatus): string {
+  return statusBarParts(status).join(' · ');
+}
+
+/** A longer text for the status bar's tooltip. */
+export function statusTooltip(status: IShardlabStatus): string {
+  const lines = [
+    `shardlab · default mode ${status.default_mode}` +
+      (status.last_mode ? `, last cell ${status.last_mode}` : ''),
+    `devices: ${deviceText(status.devices)}` +
+      (status.devices.pinned ? ` (pinned ${status.devices.pinned})` : ''),
+    ...Object.entries(status.bytes_per_device).map(
+      ([device, bytes]) => `  ${device}: ${formatBytes(bytes)}`
+    )
+  ];
+  const mesh = meshText(status.mesh);
+  if (mesh) {
+    lines.push(mesh);
+  }
+  lines.push('click: open the shardlab panel');
+  return lines.join('\n');
+}
+
+// -- device specs -----------------------------------------------------------------------
+
+export interface IDeviceSpec {
+  platform: 'cpu' | 'gpu';
+  spec: string;
+  count: number | null;
+}
+
+/** Parses "cpu:N", "gpu:I,J" or "gpu:all" as the kernel does; null when malformed. */
+export function parseDeviceSpec(text: string): IDeviceSpec | null {
+  const match = /^(cpu|gpu):(all|\d+(?:,\d+)*)$/.exec(text.trim().toLowerCase());
+  if (!match) {
+    return null;
+  }
+  const [, platform, rest] = match;
+  if (platform === 'cpu') {
+    if (rest === 'all' || rest.includes(',')) {
+      return null;
+    }
+    const count = Number(rest);
+    return count >= 1 ? { platform: 'cpu', spec: `cpu:${count}`, count } : null;
+  }
+  return { platform: 'gpu', spec: `gpu:${rest}`, count: null };
+}
+
+/** The command that installs a kernelspec pinned to a GPU set. */
+export function gpuInstallCommand(spec: string): string {
+  const suffix = spec.replace(/^gpu:/, '').replace(/,/g, '') || 'all';
+  return `python -m shardlab install --user --devices ${spec} --name shardlab-gpu${suffix}`;
+}
