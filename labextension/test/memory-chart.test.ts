@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
-import { validateStatus } from '../src/logic';
-import type { IMemoryHistory } from '../src/logic';
+import { validateStatus } from '../src/protocol';
+import type { IMemoryHistory } from '../src/protocol';
 import {
   MARGIN,
   decimate,

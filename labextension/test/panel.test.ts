@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import type { IShardlabStatus } from '../src/logic';
+import type { IShardlabStatus } from '../src/protocol';
 import {
   arrayRows,
   cpuCount,
