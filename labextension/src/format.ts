@@ -23,8 +23,8 @@ export function formatBytes(bytes: number): string {
 }
 
 /** A duration for a badge: "850 µs", "12 ms", "1.2 s", "3 min 5 s". */
-export function formatDuration(seconds: number): string {
-  if (!Number.isFinite(seconds) || seconds < 0) {
+export function formatDuration(seconds: number | null): string {
+  if (seconds === null || !Number.isFinite(seconds) || seconds < 0) {
     return '';
   }
   if (seconds < 1e-3) {

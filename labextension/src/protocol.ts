@@ -32,7 +32,7 @@ export interface IHistoryItem {
   execution_count: number;
   mode: Mode;
   source: string;
-  duration_s: number;
+  duration_s: number | null; // null when not finite (the kernel sends no NaN)
 }
 
 export interface IMemoryMarker {
@@ -123,7 +123,7 @@ function isHistoryItem(value: unknown): value is IHistoryItem {
     isCount(value.execution_count) &&
     isMode(value.mode) &&
     typeof value.source === 'string' &&
-    isFiniteNumber(value.duration_s)
+    (value.duration_s === null || isFiniteNumber(value.duration_s))
   );
 }
 
