@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.shardlab-installed
 DEVICES ?= cpu:8
 PYTEST_ARGS ?=
+# two workers (pytest-xdist): a test file each, the browser and notebook tests as one unit
+PYTEST_WORKERS ?= 2
 LAB_ARGS ?=
 # JupyterLab refuses to run as root without this (containers, CI machines).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
@@ -76,7 +78,7 @@ browser:
 
 ## lint, then every test
 test: setup lint browser test-js
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check python tests

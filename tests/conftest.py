@@ -17,3 +17,63 @@ os.environ["SHARDLAB_STRICT_RULES"] = "1"
 import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
+
+
+# -- notebooks, executed once per test session -------------------------------------------------
+import copy  # noqa: E402
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+NOTEBOOK_DIR = pathlib.Path(__file__).resolve().parents[1] / "notebooks"
+_EXECUTED: dict[str, object] = {}
+
+
+@pytest.fixture(scope="session")
+def executed_notebook(tmp_path_factory):
+    """``executed_notebook("01_eager_jit_graph.ipynb")``: the notebook run once per test
+    session on the shardlab kernel with nbclient, as a user's "Run All" would (widget state
+    stored, as JupyterLab saves it; errors kept in the outputs for the tests to judge), and a
+    deep copy per call. Several tests read one run: each notebook takes up to minutes."""
+    import nbformat
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+    from nbclient import NotebookClient
+
+    def get(name: str):
+        if name not in _EXECUTED:
+            try:
+                KernelSpecManager().get_kernel_spec("shardlab")
+            except NoSuchKernel:
+                pytest.fail("no 'shardlab' kernelspec: run `make setup`", pytrace=False)
+            notebook = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
+            assert notebook.metadata["kernelspec"]["name"] == "shardlab"
+            workdir = tmp_path_factory.mktemp(pathlib.Path(name).stem)
+            NotebookClient(
+                notebook,
+                timeout=600,
+                kernel_name="shardlab",
+                allow_errors=True,
+                store_widget_state=True,
+                resources={"metadata": {"path": str(workdir)}},
+            ).execute()
+            _EXECUTED[name] = notebook
+        return copy.deepcopy(_EXECUTED[name])
+
+    return get
+
+
+# -- two workers (pytest-xdist, `make test`): a test file is a unit, except for the browser ---
+def pytest_xdist_make_scheduler(config, log):
+    """Whole files go to a worker (module fixtures such as a kernel or a compiled plan are
+    made once), and the browser tests with the notebook tests form one unit: one JupyterLab
+    server, and each notebook executed once (``executed_notebook``) for both."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            if path.startswith("tests/browser/") or path.endswith("/test_notebooks.py"):
+                return "browser and notebooks"
+            return path
+
+    return ByFile(config, log)

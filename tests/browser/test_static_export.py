@@ -17,9 +17,8 @@ import pathlib
 import re
 from typing import Any
 
-import nbformat
 import pytest
-from lab import ARTIFACTS, KERNEL_NAME, REPO
+from lab import ARTIFACTS, REPO
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
@@ -40,26 +39,6 @@ def _slow_if(path: pathlib.Path) -> Any:
     # the editor notebook compiles, searches and profiles a 4-layer transformer (~50 s)
     marks = [pytest.mark.slow] if path.name.startswith("03_") else []
     return pytest.param(path, id=path.stem, marks=marks)
-
-
-def execute(path: pathlib.Path, tmp_path: pathlib.Path) -> Any:
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-    from nbclient import NotebookClient
-
-    try:
-        KernelSpecManager().get_kernel_spec(KERNEL_NAME)
-    except NoSuchKernel:
-        pytest.fail(f"no {KERNEL_NAME!r} kernelspec: run `make setup`", pytrace=False)
-    notebook = nbformat.read(path, as_version=4)
-    NotebookClient(
-        notebook,
-        timeout=600,
-        kernel_name=KERNEL_NAME,
-        store_widget_state=True,
-        resources={"metadata": {"path": str(tmp_path)}},
-    ).execute()
-    nbformat.write(notebook, tmp_path / path.name)
-    return notebook
 
 
 def export_html(notebook: Any, target: pathlib.Path) -> str:
@@ -153,8 +132,8 @@ def expected_names(notebook: Any) -> dict[int, list[str]]:
 
 
 @pytest.mark.parametrize("path", [_slow_if(p) for p in NOTEBOOKS])
-def test_exported_notebook_reads_well_offline(path, chromium, tmp_path):
-    notebook = execute(path, tmp_path)
+def test_exported_notebook_reads_well_offline(path, chromium, tmp_path, executed_notebook):
+    notebook = executed_notebook(path.name)
     assert notebook.metadata.get("widgets") or not any(
         WIDGET_VIEW in o.get("data", {}) for c in notebook.cells for o in c.get("outputs", [])
     ), "nbclient stored no widget state"
@@ -216,20 +195,12 @@ def test_exported_notebook_reads_well_offline(path, chromium, tmp_path):
     assert not problems, "\n".join(problems)
 
 
-def test_widget_fallback_text_without_widget_state(tmp_path):
+def test_widget_fallback_text_without_widget_state(tmp_path, executed_notebook):
     """Without stored widget state (a notebook saved by a front end that keeps none, GitHub,
     nbviewer), nbconvert shows each widget's fallback: the memory panel's says what its
     buttons do, not ``HBox(children=(Button(...``."""
-    path = REPO / "notebooks" / "02_sharding_layouts.ipynb"
-    notebook = nbformat.read(path, as_version=4)
-    from nbclient import NotebookClient
-
-    NotebookClient(
-        notebook,
-        timeout=600,
-        kernel_name=KERNEL_NAME,
-        resources={"metadata": {"path": str(tmp_path)}},
-    ).execute()
+    notebook = executed_notebook("02_sharding_layouts.ipynb")
+    notebook.metadata.pop("widgets", None)  # as saved by a front end that keeps no state
     html = export_html(notebook, tmp_path / "no_state.html")
     assert "Release (run <code>%release</code>)" in html
     assert "HBox(children=" not in html

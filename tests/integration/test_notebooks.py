@@ -7,7 +7,6 @@ import re
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 pytestmark = pytest.mark.notebook
 
@@ -16,30 +15,6 @@ NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[2] / "notebooks").g
 
 def stream_text(cell) -> str:
     return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.output_type == "stream")
-
-
-# Notebooks whose story test reads the same run (a run takes minutes): executed once.
-_EXECUTED: dict[str, nbformat.NotebookNode] = {}
-SHARED_RUN = {"05_memory_budget.ipynb"}
-
-
-def execute(path: pathlib.Path, directory: pathlib.Path) -> nbformat.NotebookNode:
-    """The notebook executed on the shardlab kernel (errors stay in the outputs)."""
-    if path.name in _EXECUTED:
-        return _EXECUTED[path.name]
-    notebook = nbformat.read(path, as_version=4)
-    assert notebook.metadata["kernelspec"]["name"] == "shardlab"
-    client = NotebookClient(
-        notebook,
-        timeout=600,
-        kernel_name="shardlab",
-        allow_errors=True,
-        resources={"metadata": {"path": directory}},
-    )
-    client.execute()
-    if path.name in SHARED_RUN:
-        _EXECUTED[path.name] = notebook
-    return notebook
 
 
 # 05 compiles about twenty plans and runs a budgeted search: minutes on 2 shared cores.
@@ -51,8 +26,8 @@ LONG = {"05_memory_budget.ipynb": pytest.mark.timeout(900)}
     [pytest.param(p, marks=[LONG[p.name]] if p.name in LONG else []) for p in NOTEBOOKS],
     ids=[p.name for p in NOTEBOOKS],
 )
-def test_notebook_executes(path, tmp_path):
-    notebook = execute(path, tmp_path)
+def test_notebook_executes(path, tmp_path, executed_notebook):
+    notebook = executed_notebook(path.name)
     for cell in notebook.cells:
         if cell.cell_type != "code":
             continue
@@ -62,10 +37,9 @@ def test_notebook_executes(path, tmp_path):
     nbformat.write(notebook, tmp_path / path.name)  # the executed copy, for inspection
 
 
-def test_eager_jit_graph_notebook_shows_its_story(tmp_path):
+def test_eager_jit_graph_notebook_shows_its_story(executed_notebook):
     path = next(p for p in NOTEBOOKS if p.name == "01_eager_jit_graph.ipynb")
-    notebook = nbformat.read(path, as_version=4)
-    NotebookClient(notebook, timeout=600, kernel_name="shardlab").execute()
+    notebook = executed_notebook(path.name)
     text = "\n".join(stream_text(c) for c in notebook.cells if c.cell_type == "code")
     assert "hidden mean" in text  # eager: print inside a jitted function saw a value
     assert "graph step: loss" in text
@@ -78,10 +52,9 @@ def test_eager_jit_graph_notebook_shows_its_story(tmp_path):
     assert "[shardlab] mode" not in text
 
 
-def test_layouts_notebook_saves_static_views(tmp_path):
+def test_layouts_notebook_saves_static_views(tmp_path, executed_notebook):
     path = next(p for p in NOTEBOOKS if p.name == "02_sharding_layouts.ipynb")
-    notebook = nbformat.read(path, as_version=4)
-    NotebookClient(notebook, timeout=600, kernel_name="shardlab").execute()
+    notebook = executed_notebook(path.name)
     saved = tmp_path / path.name
     nbformat.write(notebook, saved)
     reread = nbformat.read(saved, as_version=4)  # what a reader without a kernel sees
@@ -105,10 +78,9 @@ def test_layouts_notebook_saves_static_views(tmp_path):
     assert "P(None, &#x27;model&#x27;)" in watch_html or "P(None, 'model')" in watch_html
 
 
-def test_eager_vs_compiled_notebook_shows_its_story(tmp_path):
+def test_eager_vs_compiled_notebook_shows_its_story(executed_notebook):
     path = next(p for p in NOTEBOOKS if p.name == "04_eager_vs_compiled.ipynb")
-    notebook = nbformat.read(path, as_version=4)
-    NotebookClient(notebook, timeout=600, kernel_name="shardlab").execute()
+    notebook = executed_notebook(path.name)
 
     def shown(cell) -> str:
         return stream_text(cell) + "".join(
@@ -167,7 +139,7 @@ def bar_blocks(text: str) -> list[dict[str, tuple[float, str, float | None]]]:
 
 
 @pytest.mark.timeout(900)
-def test_memory_budget_notebook_shows_its_story(tmp_path):
+def test_memory_budget_notebook_shows_its_story(executed_notebook):
     """05: data parallel is over the budget (half of its own compiled memory), ZeRO-3, remat
     and pipeline stages each cut their part, the searched plan fits, and every plan computes
     the plain step."""
@@ -178,7 +150,7 @@ def test_memory_budget_notebook_shows_its_story(tmp_path):
     from shardlab.strategies import data_parallel
 
     path = next(p for p in NOTEBOOKS if p.name == "05_memory_budget.ipynb")
-    notebook = execute(path, tmp_path)
+    notebook = executed_notebook(path.name)
     code = [c for c in notebook.cells if c.cell_type == "code"]
     errors = [(c.source, o) for c in code for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
