@@ -31,7 +31,8 @@ _EXECUTED: dict[str, object] = {}
 
 @pytest.fixture(scope="session")
 def executed_notebook(tmp_path_factory):
-    """``executed_notebook("01_eager_jit_graph.ipynb")``: the notebook run once per test
+    """``executed_notebook("01_eager_jit_graph.ipynb")`` (a name under notebooks/, or a
+    path): the notebook run once per test
     session on the shardlab kernel with nbclient, as a user's "Run All" would (widget state
     stored, as JupyterLab saves it; errors kept in the outputs for the tests to judge), and a
     deep copy per call. Several tests read one run: each notebook takes up to minutes."""
@@ -39,15 +40,17 @@ def executed_notebook(tmp_path_factory):
     from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
     from nbclient import NotebookClient
 
-    def get(name: str):
+    def get(name: str | pathlib.Path):
+        path = pathlib.Path(name) if isinstance(name, pathlib.Path) else NOTEBOOK_DIR / name
+        name = str(path)
         if name not in _EXECUTED:
             try:
                 KernelSpecManager().get_kernel_spec("shardlab")
             except NoSuchKernel:
                 pytest.fail("no 'shardlab' kernelspec: run `make setup`", pytrace=False)
-            notebook = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
+            notebook = nbformat.read(path, as_version=4)
             assert notebook.metadata["kernelspec"]["name"] == "shardlab"
-            workdir = tmp_path_factory.mktemp(pathlib.Path(name).stem)
+            workdir = tmp_path_factory.mktemp(path.stem)
             NotebookClient(
                 notebook,
                 timeout=600,

@@ -14,7 +14,7 @@ from typing import Any
 import nbformat
 import pytest
 from lab import ARTIFACTS, REPO, open_and_run, screenshot
-from test_static_export import TEMPLATE_URLS, execute, export_html, open_offline
+from test_static_export import TEMPLATE_URLS, export_html, open_offline
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
 
@@ -161,9 +161,12 @@ def test_twenty_thousand_intervals_render_interactively(chromium, tmp_path):
     assert rendered < 15 and zoomed < 2
 
 
-def test_saved_notebook_with_the_plots_is_small_and_exports_offline(chromium, tmp_path):
-    notebook = execute(NOTEBOOK, tmp_path)
+def test_saved_notebook_with_the_plots_is_small_and_exports_offline(
+    chromium, tmp_path, executed_notebook
+):
+    notebook = executed_notebook(NOTEBOOK)
     saved = tmp_path / NOTEBOOK.name
+    nbformat.write(notebook, saved)
     size = saved.stat().st_size
     print(f"saved notebook with the three plots: {size / 2**20:.2f} MiB")
     assert size < MAX_SAVED_BYTES
