@@ -42,7 +42,7 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
-from shardlab._core.trees import dynamic_part
+from shardlab._core.trees import as_numpy, dynamic_part
 
 __all__ = ["Mismatch", "assert_same_program", "rounding_steps", "same_program", "tolerance"]
 
@@ -134,14 +134,6 @@ def tolerance(dtype: Any, steps: int, *, failure_probability: float = FAILURE_PR
     return 2 * math.expm1(lam * math.sqrt(n) * u + n * u * u / (1 - u))
 
 
-def _is_key(x: Any) -> bool:
-    return jax.dtypes.issubdtype(getattr(x, "dtype", np.float32), jax.dtypes.prng_key)
-
-
-def _host(x: Any) -> np.ndarray:
-    return np.asarray(jax.random.key_data(x) if _is_key(x) else x)
-
-
 def _is_float(dtype: np.dtype) -> bool:
     return dtype.kind in "fc" or dtype.name in ("bfloat16", "float16")
 
@@ -171,7 +163,7 @@ def same_program(
     out: list[Mismatch] = []
     for (path, a), (_, e) in zip(got, want, strict=True):
         name = jax.tree_util.keystr(path) or "<leaf>"
-        miss = _leaf(name, _host(a), _host(e), steps)
+        miss = _leaf(name, as_numpy(a), as_numpy(e), steps)
         if miss is not None:
             out.append(miss)
     return out

@@ -16,7 +16,16 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["Parts", "apply_order", "dynamic_part", "is_array", "is_jax_array", "order_of", "split"]
+__all__ = [
+    "Parts",
+    "apply_order",
+    "as_numpy",
+    "dynamic_part",
+    "is_array",
+    "is_jax_array",
+    "order_of",
+    "split",
+]
 
 
 def is_array(leaf: object) -> bool:
@@ -29,6 +38,13 @@ def is_array(leaf: object) -> bool:
 def is_jax_array(leaf: object) -> bool:
     """An array leaf of a value made while tracing (outputs, ``print`` arguments)."""
     return isinstance(leaf, jax.Array)
+
+
+def as_numpy(value: Any) -> np.ndarray:
+    """A leaf as a NumPy array on the host (a PRNG key as its key data; bfloat16 kept)."""
+    if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+        value = jax.random.key_data(value)
+    return np.asarray(value)
 
 
 @dataclass(frozen=True)

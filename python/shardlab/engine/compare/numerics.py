@@ -20,8 +20,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import jax
 import numpy as np
+
+from shardlab._core.trees import as_numpy
 
 __all__ = ["TOLERANCES", "Difference", "Tolerance", "difference", "tolerance_for"]
 
@@ -65,13 +66,6 @@ def _dtype_name(dtype: Any) -> str:
         return np.dtype(dtype).name
     except TypeError:
         return str(dtype)
-
-
-def as_numpy(value: Any) -> np.ndarray:
-    """A value as a NumPy array (a PRNG key as its key data); bfloat16 kept as such."""
-    if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
-        value = jax.random.key_data(value)
-    return np.asarray(value)
 
 
 def _is_float(dtype: np.dtype) -> bool:

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from shardlab._core.trees import is_array
 from shardlab.engine.convert.ops import (
     _REVERSE_AD,
     CondOps,
@@ -34,7 +35,6 @@ from shardlab.engine.convert.ops import (
     _describe,
     _Dynamic,
     _flatten,
-    _is_array,
     _is_number,
     _is_traced,
     _same,
@@ -48,7 +48,7 @@ _Layout = list[tuple[Any, list[Any]]]  # per name: (treedef, leaf specs)
 def _initial(value: Any) -> tuple[Any, list[Any]]:
     leaves, treedef = _flatten(value)
     return treedef, [
-        _Dynamic(tuple(np.shape(v)), jnp.asarray(v).dtype) if _is_array(v) else _Static(v)
+        _Dynamic(tuple(np.shape(v)), jnp.asarray(v).dtype) if is_array(v) else _Static(v)
         for v in leaves
     ]
 
@@ -256,7 +256,7 @@ class Runtime(CondOps):
             for j, spec in enumerate(specs):
                 if not isinstance(spec, _Dynamic):
                     continue
-                if same and (_is_array(leaves[j]) or _is_number(leaves[j])):
+                if same and (is_array(leaves[j]) or _is_number(leaves[j])):
                     arrays.append(lax.convert_element_type(jnp.asarray(leaves[j]), spec.dtype))
                 else:  # first bound inside the loop: carried from zeros
                     arrays.append(jnp.zeros(spec.shape, spec.dtype))
@@ -289,7 +289,7 @@ class Runtime(CondOps):
                     leaves, treedef = _flatten(value)
                     leaf_kinds = []
                     for leaf in leaves:
-                        if _is_array(leaf) or _is_number(leaf):
+                        if is_array(leaf) or _is_number(leaf):
                             leaf_kinds.append((len(outs), leaf if _is_number(leaf) else None))
                             outs.append(jnp.asarray(leaf))
                         else:

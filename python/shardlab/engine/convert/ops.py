@@ -97,9 +97,6 @@ def _is_traced(value: object) -> bool:
     return isinstance(value, Tracer)
 
 
-_is_array = is_array  # the one array test (``_core/trees.py``)
-
-
 def _is_number(value: object) -> bool:
     return isinstance(value, (bool, int, float, complex, np.generic))
 
@@ -131,7 +128,7 @@ class _Dynamic:
 
 
 def _describe(value: object) -> str:
-    if _is_array(value) or isinstance(value, jax.ShapeDtypeStruct):
+    if is_array(value) or isinstance(value, jax.ShapeDtypeStruct):
         return f"an array {jnp.dtype(value.dtype).name}{list(value.shape)}"  # type: ignore[attr-defined]
     if isinstance(value, Undefined):
         return "unbound"
@@ -295,13 +292,13 @@ class CondOps:
         __tracebackhide__ = True
         predicate = self._predicate(k, test)
         flat_in = [_flatten(v) for v in state]
-        operands = [leaf for leaves, _ in flat_in for leaf in leaves if _is_array(leaf)]
+        operands = [leaf for leaves, _ in flat_in for leaf in leaves if is_array(leaf)]
 
         def rebuild(arrays: Sequence[Any]) -> tuple[Any, ...]:
             values = iter(arrays)
             return tuple(
                 jax.tree_util.tree_unflatten(
-                    t, [next(values) if _is_array(x) else x for x in leaves]
+                    t, [next(values) if is_array(x) else x for x in leaves]
                 )
                 for leaves, t in flat_in
             )
@@ -321,7 +318,7 @@ class CondOps:
                 for leaves, t in flat:
                     leaf_kinds = []
                     for leaf in leaves:
-                        if _is_array(leaf):
+                        if is_array(leaf):
                             leaf_kinds.append(("array", len(outs)))
                             outs.append(leaf)
                         elif _is_number(leaf):
