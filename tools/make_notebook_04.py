@@ -24,7 +24,7 @@ First a training step staged progressively — **eager** → `shardlab.to_static
 Python side effects in traced code, dtype promotion, random numbers, and fused arithmetic.
 Each is shown with `%%compare` (eager, compiled and a float64 referee on the same inputs),
 narrowed with `shardlab.bisect` (the first diverging operation and its line), and fixed.
-docs/compare.md states the tolerance rule.
+docs/guide/compare.md states the tolerance rule.
 """)
 code("""
 import jax, jax.numpy as jnp
@@ -171,7 +171,7 @@ md("""
 Adding and removing a large offset loses the small part of `x` in float32 — eagerly. XLA's
 algebraic simplifier folds `(x + c) - c` into `x`, so the compiled step keeps it. Reductions
 can be reordered the same way on GPU and TPU (on this CPU, sums and matmuls came out bitwise
-equal; the RMSE rule in docs/compare.md is there for them).
+equal; the RMSE rule in docs/guide/compare.md is there for them).
 """)
 code("""
 def offset_loss(params, x, y):

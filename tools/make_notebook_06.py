@@ -27,7 +27,7 @@ multi-controller runtime (`jax.distributed`) joins such processes into one set o
 two local processes with 4 simulated CPU devices each form one 8-device mesh. The processes
 are ipyparallel engines; this notebook's kernel only drives them and never joins the runtime,
 so a process that dies cannot take the notebook (and its variables) with it.
-docs/cluster.md says what changes on several GPU hosts.
+docs/guide/cluster.md says what changes on several GPU hosts.
 """)
 code("""
 %cluster start -n 2 --devices-per-process 4

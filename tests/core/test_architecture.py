@@ -89,7 +89,7 @@ def test_the_public_face_is_one_table():
     assert typed == table
 
 
-# The parallel core's layers, bottom first (docs/architecture.md): a module imports only from
+# The parallel core's layers, bottom first (docs/design/architecture.md): a module imports only from
 # its own layer or the ones below it.
 PARALLEL_LAYERS = ("base", "graph", "cost", "compiled", "plan", "search")
 PACKAGE_LAYERS = {  # shardlab's own packages: these never import the ones named after them
@@ -97,7 +97,7 @@ PACKAGE_LAYERS = {  # shardlab's own packages: these never import the ones named
     "engine": ("parallel", "kernel", "widgets", "bench", "examples"),
     "widgets": ("kernel", "bench"),
     "examples": ("engine", "kernel", "widgets", "bench"),
-    # the cluster's management (docs/cluster.md): below the kernel's magics, beside engine
+    # the cluster's management (docs/guide/cluster.md): below the kernel's magics, beside engine
     "cluster": ("kernel", "widgets", "bench", "examples"),
     # the floor under both cores: it imports none of shardlab's packages
     "_core": ("parallel", "engine", "kernel", "widgets", "bench", "examples", "cluster"),

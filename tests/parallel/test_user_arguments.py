@@ -3,7 +3,7 @@
 Analysis (analyze, predict, search, baselines, plan.verify, commgraph) traces and lowers on
 shapes, so the example arguments' placement never matters; ``plan.jit()`` takes arguments in
 any layout and ``plan.shard`` places them once. Non-array leaves (an equinox MLP's
-activation, a string, a bool) are static; Python numbers are traced (docs/parallel.md).
+activation, a string, a bool) are static; Python numbers are traced (docs/design/parallel.md).
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ class ClusterMagics(Magics):
     @line_magic
     def cluster(self, line: str) -> None:
         """Start, inspect, stop or restart the local cluster: ``%cluster start|status|stop|
-        restart|pull``. See ``docs/cluster.md``."""
+        restart|pull``. See ``docs/guide/cluster.md``."""
         words = shlex.split(line)
         if not words:
             raise UsageError("%cluster: use %cluster start|status|stop|restart|pull NAME")

@@ -35,7 +35,7 @@ class CompareMagics(Magics):
         float64 reference (floating inputs upcast, the same PRNG keys), each on copies of
         what the cell reads: nothing is written into the namespace. Shows per output the
         max absolute and relative difference, both errors against float64, which side is
-        closer and a verdict (docs/compare.md states the tolerance rule). ``--bisect`` also
+        closer and a verdict (docs/guide/compare.md states the tolerance rule). ``--bisect`` also
         finds the first equation whose compiled value diverges from eager.
         """
         from IPython.display import display

@@ -65,7 +65,9 @@ def compare_html(report: CompareReport) -> str:
                 f"{k}: rtol {t.rtol:g}, atol {t.atol:g}·rms, margin ×{t.multiplier:g}"
                 for k, t in tol.items()
             )
-            parts.append(f"<div class='sl-note'>tolerance ({esc(rule)}; docs/compare.md)</div>")
+            parts.append(
+                f"<div class='sl-note'>tolerance ({esc(rule)}; docs/guide/compare.md)</div>"
+            )
     for note in report.notes:
         parts.append(f"<div class='sl-note'>note: {esc(note)}</div>")
     if report.seconds:

@@ -73,7 +73,7 @@ def _args(batch=64, hidden=64):
 
 def test_quick_calibration_fits_every_kind_on_every_axis(calibrated):
     profile, reports, seconds = calibrated
-    # The under-30-s figure is measured by docs/calibrate.md's command, not here (shared,
+    # The under-30-s figure is measured by docs/guide/calibrate.md's command, not here (shared,
     # noisy machines); this only catches a calibration that stopped being quick at all.
     assert seconds < 180, f"quick calibration took {seconds:.1f} s"
     c = profile.calibration

@@ -166,7 +166,7 @@ def test_predicted_permutes_match_compiled_hlo(dp_plan):
     permutes = [c for c in predicted.cost.collectives if c.kind == "collective-permute"]
     assert sum(c.bytes * c.count for c in permutes) == predicted.permute_bytes
     # Memory with the residuals of every loop iteration: a rough estimate, above the
-    # compiled figure here (648,260 vs 481,900 B when written; docs/pipeline-cost.md).
+    # compiled figure here (648,260 vs 481,900 B when written; docs/design/pipeline.md).
     assert predicted.cost.memory.peak == pytest.approx(rep.memory.total, rel=0.4)
     assert predicted.cost.memory.peak < dp.verify().memory.total
 

@@ -1,1 +1,1 @@
-"""Eager against compiled: the runs, the float64 verdict, bisect (docs/compare.md)."""
+"""Eager against compiled: the runs, the float64 verdict, bisect (docs/guide/compare.md)."""

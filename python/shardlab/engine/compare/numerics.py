@@ -1,6 +1,6 @@
 """How two runs of one program are compared: per-dtype tolerances and the float64 verdict.
 
-The rule (after torch's accuracy minifier, ``torch._dynamo.utils.same``; see docs/compare.md):
+The rule (after torch's accuracy minifier, ``torch._dynamo.utils.same``; see docs/guide/compare.md):
 
 1. Compiled and eager *agree* when every element satisfies
    ``|compiled - eager| <= rtol * |eager| + atol * rms(eager)`` (NaN matching NaN), with

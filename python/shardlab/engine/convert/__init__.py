@@ -1,1 +1,2 @@
-"""Python control flow converted to lax: the AST passes and their run time (docs/control-flow.md)."""
+"""Python control flow converted to lax: the AST passes and their run time
+(docs/guide/control-flow.md)."""

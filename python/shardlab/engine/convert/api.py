@@ -6,7 +6,7 @@ concrete Python value it runs as Python (exactly as unconverted), on a traced va
 ``lax.cond``, ``lax.while_loop`` or ``lax.scan`` (``break``, ``continue`` and early ``return``
 included). Graph cells get the same conversion (``cellsource.analyse_cell``). The pass is
 ``convert_pass``; the run-time operators are ``convert_ops`` and ``convert_loops``;
-docs/control-flow.md says what converts, what stays Python and why this is our own pass
+docs/guide/control-flow.md says what converts, what stays Python and why this is our own pass
 rather than diastatic-malt.
 
 The converted code is compiled under the function's own filename with its original line

@@ -320,7 +320,7 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
             "memory bandwidth set so the roofline ridge matches the measured ratio of a "
             "weight-streaming to a compute-bound matmul on a 2-core host; all-gather and "
             "all-to-all bandwidths measured on XLA:CPU's implementations (1 and 8 MiB "
-            "tensors, docs/parallel.md), all-reduce runs near the nominal 10 GB/s; "
+            "tensors, docs/design/parallel.md), all-reduce runs near the nominal 10 GB/s; "
             "XLA:CPU emits all-reduce + dynamic-slice instead of reduce-scatter (JAX_NOTES)",
         ),
         DeviceProfile(

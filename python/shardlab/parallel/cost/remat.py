@@ -198,7 +198,7 @@ class RematCost(_Record):
         dropped_bytes: residual stacks no longer held.
         saved_bytes: stacks held instead (each layer's input carry).
         recompute_bytes: the largest recomputed residual of one layer: the rest fuse into
-            the backward step's own loops (measured: ``docs/remat.md``).
+            the backward step's own loops (measured: ``docs/design/remat.md``).
         recompute_flops: extra flops (the recomputed equations, all layers).
         recompute_time: their roofline seconds.
     """

@@ -17,7 +17,7 @@ independent of the batch, split on one dimension (concatenated over microbatches
 sum over the batch (summed over microbatches: parameter gradients); an equation that needs the
 whole batch stops it with an error naming the op and the user's line. The microbatch program
 is the step's equations re-bound at microbatch shapes (shape parameters rewritten). See
-``docs/pipeline.md``.
+``docs/design/pipeline.md``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ stream waits for (not hidden behind compute) has a red outline. Hover names the 
 its source line, its bytes, its duration and when it ran. The wheel zooms time, dragging
 pans it, and the model and measured figures share the range, so zooming one zooms both.
 Up to ``MAX_INTERVALS`` intervals per timeline are drawn as they are (20,000 render and
-respond interactively, docs/views.md); beyond, adjacent intervals are aggregated with the
+respond interactively, docs/guide/views.md); beyond, adjacent intervals are aggregated with the
 budget shared fairly between the lanes (``timeline_lanes``), and the plot says so.
 """
 

@@ -187,7 +187,7 @@ def build(
                 continue
             # The largest dimension that divides (as FSDP implementations shard): never a
             # conv kernel's small spatial one, whose split XLA's CPU partitioner miscompiles
-            # for transposed convolutions (docs/parallel.md).
+            # for transposed convolutions (docs/design/parallel.md).
             for d in sorted(range(len(shape)), key=lambda d: -shape[d]):
                 got = _split(shape, d, zero_axes, t.sizes)
                 free = not layouts[i][d] and not {a for ax in layouts[i] for a in ax} & set(got)
