@@ -26,10 +26,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import source_info_util
 from jax.extend import core as jex_core
 
-from shardlab._core.jaxprs import inlined_body
+from shardlab._core.jaxprs import bind, bind_params, equation_context, inlined_body
 
 __all__ = ["Evaluation", "ancestors", "evaluate", "flatten", "float64", "upcast"]
 
@@ -112,7 +111,7 @@ def evaluate(
     stop: int | None = None,
 ) -> Evaluation:
     """Evaluates ``jaxpr`` equation by equation (binding each primitive in its source
-    context, as ``jax.core.eval_jaxpr`` does), inlining nested calls.
+    context, as ``jax.core.eval_jaxpr`` does: ``_core.jaxprs.bind``), inlining nested calls.
 
     Args:
         wide: the float64 reference: floating operands upcast (call under :func:`float64`).
@@ -161,18 +160,13 @@ def _apply(eqn: Any, invals: Sequence[Any], *, wide: bool) -> tuple[list[Any], b
     """The outputs of ``eqn`` and whether the reference had to run it at the user's dtypes."""
     name = eqn.primitive.name
     body = inlined_body(name, eqn.params)
-    name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
-    with (
-        source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
-        eqn.ctx.manager,
-    ):
+    with equation_context(eqn):
         if body is not None:
             inner, consts = body
             done = evaluate(
                 inner, consts, [upcast(v) for v in invals] if wide else invals, wide=wide
             )
             return done.outputs, bool(done.at_user_precision)
-        params = eqn.primitive.get_bind_params(eqn.params)
         if wide and name == "reduce_precision":  # the reference keeps full precision
             return [invals[0]], False
         if wide and name in _CONTROL:
@@ -183,13 +177,11 @@ def _apply(eqn: Any, invals: Sequence[Any], *, wide: bool) -> tuple[list[Any], b
         if wide and name not in _KEEP_DTYPES:
             try:
                 wide_in = [upcast(v) for v in invals]  # bitcast results arrive as float32
-                out = eqn.primitive.bind(*wide_in, **_upcast_params(name, params))
-                return (list(out) if eqn.primitive.multiple_results else [out]), False
+                return bind(eqn, wide_in, _upcast_params(name, bind_params(eqn))), False
             except Exception:  # a primitive that takes no f64 runs as traced
                 pass
         exact = [_cast_to(v, a.aval) for v, a in zip(invals, eqn.invars, strict=True)]
-        out = eqn.primitive.bind(*exact, **params)
-        outs = list(out) if eqn.primitive.multiple_results else [out]
+        outs = bind(eqn, exact)
         if wide:
             kept = name not in _KEEP_DTYPES and any(_is_low_float(a.aval.dtype) for a in eqn.invars)
             return [upcast(o) for o in outs] if kept else outs, kept

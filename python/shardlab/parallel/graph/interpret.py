@@ -1,8 +1,8 @@
 """Re-evaluate an ``OpGraph`` equation by equation, constraining chosen variables' layouts.
 
 The graph is flat (nested calls inlined) and topologically ordered, so evaluation is one pass:
-bind each equation's primitive (inside its ``eqn.ctx.manager`` and source context, so the
-compiled collectives still name the user's line) and apply ``with_sharding_constraint`` with a
+bind each equation's primitive in the context it was traced in (``_core.jaxprs``, shared
+with the compare tool's evaluator, so the compiled collectives still name the user's line) and apply ``with_sharding_constraint`` with a
 ``NamedSharding`` right after the equations the plan constrains. Under ``jax.jit`` this steers
 the partitioner; numerically it is the original function.
 
@@ -17,40 +17,18 @@ with ``lax.scan``'s signature (``ScanRunner``) that is called in its place.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from shardlab._core.jaxprs import bind, equation_context
 from shardlab.parallel.graph.opgraph import OpGraph, ScanGroup
 
 # ``runner(step, init, xs, *, length, reverse, unroll) -> (carry, ys)``: what runs a scan
 # group instead of ``jax.lax.scan`` (``step(carry, x) -> (carry, y)`` with lists of arrays).
 ScanRunner = Callable[..., tuple[Any, Any]]
-
-try:  # keeps metadata={source_file, source_line} on the re-bound equations; private
-    from jax._src import source_info_util as _siu
-except ImportError:  # pragma: no cover - depends on the jax version
-    _siu = None
-
-
-def _context(eqn: Any) -> contextlib.AbstractContextManager[Any]:
-    if _siu is None:
-        return contextlib.nullcontext()
-    try:
-        return _siu.user_context(eqn.source_info.traceback, name_stack=eqn.source_info.name_stack)
-    except Exception:  # best-effort metadata only
-        return contextlib.nullcontext()
-
-
-def _bind(eqn: Any, invals: Sequence[Any]) -> list[Any]:
-    got = eqn.primitive.get_bind_params(eqn.params)
-    subfuns, params = got if isinstance(got, tuple) else ((), got)
-    with eqn.ctx.manager, _context(eqn):
-        out = eqn.primitive.bind(*subfuns, *invals, **params)
-    return list(out) if eqn.primitive.multiple_results else [out]
 
 
 def interpreter(
@@ -135,10 +113,10 @@ def _evaluate(
         reshards = operands.get(node.index, {})
         # The constraints are staged in the equation's source context: a collective the
         # partitioner inserts for them names the user's line, not this file.
-        with _context(node.eqn) if (reshards or specs) else contextlib.nullcontext():
+        with equation_context(node.eqn):
             for k, sharding in reshards.items():
                 invals[k] = _constrain(invals[k], sharding)
-            results = _bind(node.eqn, invals)
+            results = bind(node.eqn, invals)
             for k, (v, x) in enumerate(zip(node.outputs, results, strict=True)):
                 env[v] = _constrain(x, specs[k]) if specs is not None else x
         i += 1
@@ -162,7 +140,7 @@ def _scan(
     init = [_read(graph, env, v) for v in group.inputs[group.num_consts : n_fixed]]
     xs = [_read(graph, env, v) for v in group.inputs[n_fixed:]]
     slices, stacks = group.slices[group.length // 2], group.stacks[group.length // 2]
-    with _context(group.eqn):
+    with equation_context(group.eqn):
         xs = [_constrain(x, operands.get(n, {}).get(0)) for x, n in zip(xs, slices, strict=True)]
     x_specs = [(outs.get(n) or [None])[0] for n in slices]
     # a stack node's last operand is the iteration's output
@@ -177,7 +155,7 @@ def _scan(
         return res[: group.num_carry], ys
 
     p = group.eqn.params
-    with group.eqn.ctx.manager, _context(group.eqn):
+    with equation_context(group.eqn):
         carry, ys = runner(
             step, init, xs, length=group.length, reverse=group.reverse, unroll=p.get("unroll", 1)
         )

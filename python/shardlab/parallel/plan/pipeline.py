@@ -32,9 +32,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardlab._core.jaxprs import bind, bind_params, equation_context, source_context
 from shardlab.parallel.cost.pipeline import divisors, predict_pipeline
 from shardlab.parallel.errors import SearchError
-from shardlab.parallel.graph.interpret import ScanRunner, _context
+from shardlab.parallel.graph.interpret import ScanRunner
 from shardlab.parallel.graph.opgraph import Node, OpGraph, ScanGroup, build_from_jaxpr
 from shardlab.parallel.graph.rules import rule_for
 from shardlab.parallel.mesh import mesh_shape_of
@@ -234,9 +235,7 @@ def _evaluate(
             x = _constrain_inside(eqn, invals[0], manual)
             env[v] = _microbatch(x, a.sliced[v], m, mb) if v in a.sliced else x
             continue
-        got = eqn.primitive.get_bind_params(eqn.params)
-        subfuns, params = got if isinstance(got, tuple) else ((), got)
-        params = dict(params)
+        params = bind_params(eqn)
         want = [
             tuple(g.shapes[v]) if v in a.sliced else _small(g.shapes[v], state[v], m)
             for v in node.outputs
@@ -247,9 +246,8 @@ def _evaluate(
                 for key, value in params.items():
                     if isinstance(value, tuple) and tuple(value) == old:
                         params[key] = new
-        with eqn.ctx.manager, _context(eqn):
-            out = eqn.primitive.bind(*subfuns, *invals, **params)
-        outs = list(out) if eqn.primitive.multiple_results else [out]
+        with equation_context(eqn):
+            outs = bind(eqn, invals, params)
         for v, x, new in zip(node.outputs, outs, want, strict=True):
             if tuple(x.shape) != new:
                 raise PipelineError(
@@ -270,7 +268,7 @@ def _constrain_inside(eqn: Any, x: Any, manual: str) -> Any:
     entries = [tuple(a for a in axes if a != manual) for axes in spec_entries(spec)]
     entries = entries[: x.ndim] + [()] * (x.ndim - len(entries))
     inner = P(*[(e[0] if len(e) == 1 else e) if e else None for e in entries])
-    with _context(eqn):
+    with source_context(eqn):  # not eqn.ctx: the stage's manual mesh stays current
         return jax.lax.with_sharding_constraint(
             x, NamedSharding(jax.sharding.get_abstract_mesh(), inner)
         )

@@ -30,6 +30,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+# ``bind`` in ``equation_context``: every jaxpr walk's one way to re-bind an equation (in its
+# source context, so the recomputed operations name the user's line in the compiled program).
+from shardlab._core.jaxprs import bind, equation_context
 from shardlab.parallel.cost.pipeline import predict_pipeline
 from shardlab.parallel.cost.predict import memory_estimate
 from shardlab.parallel.cost.profiles import resolve_profile
@@ -45,11 +48,7 @@ from shardlab.parallel.cost.remat import (
 )
 from shardlab.parallel.display import human_bytes
 from shardlab.parallel.errors import SearchError
-
-# ``_bind``: the interpreter's one way to re-bind an equation (in its source context, so the
-# recomputed operations name the user's line in the compiled program).
 from shardlab.parallel.graph.interpret import ScanRunner
-from shardlab.parallel.graph.interpret import _bind as bind_equation
 from shardlab.parallel.graph.opgraph import OpGraph, ScanGroup
 from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.records import RematSpec
@@ -169,9 +168,10 @@ def _backward_runner(
             env.update({v: full[j] for v, j in known.items()})
             for i in order:
                 node = body.nodes[i]
-                outs = bind_equation(
-                    node.eqn, [env[v] if v in env else body.literal[v] for v in node.inputs]
-                )
+                with equation_context(node.eqn):
+                    outs = bind(
+                        node.eqn, [env[v] if v in env else body.literal[v] for v in node.inputs]
+                    )
                 env.update(zip(node.outputs, outs, strict=True))
             for j, k in slot.items():
                 v = ys_f[k]
