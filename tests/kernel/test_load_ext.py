@@ -24,6 +24,13 @@ def test_stock_kernel_with_extension():
         kernel.ok("%mode graph")
         traced = kernel.ok("t = isinstance(x + 0, jax.core.Tracer)\nt")
         assert traced.text == "True"
+        # a cell run from inside a jit cell is part of it: not routed to the default (graph)
+        nested = kernel.ok(
+            "%%jit\nget_ipython().run_cell('inner = isinstance(x + 0, jax.core.Tracer)')\ninner"
+        )
+        assert nested.text == "False"
+        after = kernel.ok("t2 = isinstance(x + 0, jax.core.Tracer)\nt2")
+        assert after.text == "True"  # the next top-level cell is routed again
         kernel.ok("%mode jit")
         moded = kernel.ok("%%mode graph\nw = x * 2\nprint('w', w.sum())")
         assert "w 12.0" in moded.stdout

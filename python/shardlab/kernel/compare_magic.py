@@ -46,8 +46,7 @@ class CompareMagics(Magics):
             raise UsageError(f"%%compare: unknown option {unknown[0]!r}; use %%compare [--bisect]")
         shell = self.shell
         assert shell is not None
-        with self.session.graph_body():
-            code = shell.transform_cell(cell)
+        code = shell.transform_cell(cell)  # inside a running cell: not routed again
         cell_text = f"%%compare {line}".rstrip() + "\n" + cell
         number = _cell_number(shell)
         filename = shell.compile.cache(cell_text, number)

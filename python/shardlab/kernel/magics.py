@@ -25,8 +25,8 @@ from shardlab.engine.resources.devices import (
     DeviceSpecError,
     check_cpu_device_count,
     parse_devices,
-    switch_cpu_devices,
 )
+from shardlab.engine.resources.switch import switch_cpu_devices
 from shardlab.kernel.release import release_shell
 
 if TYPE_CHECKING:
@@ -280,8 +280,7 @@ class ShardlabMagics(Magics):
             return cached
         shell = self.shell
         assert shell is not None
-        with self.session.graph_body():
-            code = shell.transform_cell(cell)
+        code = shell.transform_cell(cell)  # inside a running cell: not routed again
         cell_text = ("%%graph\n" if offset else "") + cell
         filename = shell.compile.cache(cell_text, shell.execution_count)
         if len(self._graph_sources) > 256:

@@ -36,7 +36,9 @@ def register(shell: Any) -> ShardlabSession:
     # are taken before the session sends the status; dormant until a comm or
     # shardlab.memory() wants it.
     memory_history.recorder(shell, activate=False)
+    shell.events.register("pre_execute", session.pre_execute)
     shell.events.register("pre_run_cell", session.pre_run_cell)
+    shell.events.register("post_execute", session.post_execute)
     shell.events.register("post_run_cell", session.post_run_cell)
     shell.register_magics(ShardlabMagics(shell, session=session))
     shell.register_magics(CompareMagics(shell, session=session))
@@ -56,6 +58,8 @@ def unregister(shell: Any) -> None:
         return
     if session.transform in shell.input_transformers_cleanup:
         shell.input_transformers_cleanup.remove(session.transform)
+    shell.events.unregister("pre_execute", session.pre_execute)
     shell.events.unregister("pre_run_cell", session.pre_run_cell)
+    shell.events.unregister("post_execute", session.post_execute)
     shell.events.unregister("post_run_cell", session.post_run_cell)
     detach(shell)

@@ -9,25 +9,30 @@ This module is the model: it imports no other module of ``kernel/`` (magics, the
 channel and the wiring import it). What it reports after each cell goes to ``status``, a
 :class:`StatusSink` that the wiring plugs in.
 
-How a cell runs:
-  1. the kernel (when it is the shardlab kernel) hands the cell metadata to
-     :meth:`ShardlabSession.begin_cell`, which resolves the effective mode;
-  2. an input transformer rewrites the cell: graph cells become a ``%%graph`` cell magic,
-     ``%%eager``/``%%jit`` lines become blank lines (keeping line numbers);
+How a cell runs — one route, one mode record (``CellMode``) per execute request:
+  1. the record is made once: by the shardlab kernel, which hands the request's code and
+     cell metadata to :meth:`ShardlabSession.begin_cell` before anything else; in a stock
+     IPython kernel (``%load_ext shardlab``), where no metadata reaches the session, from the
+     cell's text when IPython transforms it (a pure function of the text and the default
+     mode, so ``pre_run_cell`` resolving it again gets the same record);
+  2. an input transformer rewrites the cell by the record: graph cells become a ``%%graph``
+     cell magic, ``%%eager``/``%%jit`` lines become blank lines (keeping line numbers);
   3. ``pre_run_cell`` resets caches when the mode changed and enters ``jax.disable_jit()`` for
      eager cells; ``post_run_cell`` leaves it, records the mode, releases memory after an
      out-of-memory error and sends the status record (on the ``shardlab`` comm, see
      ``status.py``).
+While a cell runs, whatever IPython transforms or runs for it (the body of ``%%graph`` or
+``%%compare``, a ``run_cell`` called from the cell) is part of that cell: it is not routed
+again. IPython hands every cell magic its body untransformed, by design (``%%timeit`` and
+``%%time`` transform theirs too), so ``%%graph`` transforms its own.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -116,9 +121,14 @@ class ShardlabSession(LoggingConfigurable):
     def __init__(self, shell: Any, **kwargs: Any) -> None:
         super().__init__(shell=shell, parent=shell, **kwargs)
         self.graph_cache = GraphCache()
-        self.pending: CellMode | None = None
+        # The execute request's record, made by begin_cell (the shardlab kernel); None in a
+        # stock kernel, or for a silent request.
+        self.requested: CellMode | None = None
         self.silent = False
-        self.current: CellMode | None = None
+        self.current: CellMode | None = None  # the record of the running cell
+        # Cells executing, silent ones and run_cell from inside a cell included (IPython's
+        # pre_execute .. post_execute, which come around pre_run_cell .. post_run_cell).
+        self._depth = 0
         self.last_mode: Mode | None = None
         self.last_compiling_mode: Mode | None = None  # of the last cell that compiled
         self._compiles_before = 0
@@ -126,7 +136,6 @@ class ShardlabSession(LoggingConfigurable):
         self.status: StatusSink = _NoStatus()  # the wiring plugs in the comm channel
         self._eager_context: Any = None
         self._started = time.perf_counter()
-        self._in_graph_body = False
         # Converted control flow of the running cell; kept after it for the execute reply.
         self.conversions: dict[str, Any] | None = None
 
@@ -138,15 +147,13 @@ class ShardlabSession(LoggingConfigurable):
 
     # -- mode resolution -------------------------------------------------------------------
     def begin_cell(self, code: str, cell_meta: dict[str, Any] | None, *, silent: bool) -> None:
-        """Called by the shardlab kernel before it runs ``code``."""
+        """Called by the shardlab kernel before it runs ``code``: makes the request's record."""
         self.silent = silent
-        if silent:
-            self.pending = None
-            return
-        self.pending = self._resolve(code, cell_meta)
+        self.requested = None if silent else self._resolve(code, cell_meta)
 
     def end_cell(self) -> CellMode | None:
-        finished, self.pending, self.silent = self.pending, None, False
+        """Called by the shardlab kernel after the request: its record, for the reply."""
+        finished, self.requested, self.silent = self.requested, None, False
         return finished
 
     def _resolve(self, code: str, cell_meta: dict[str, Any] | None) -> CellMode:
@@ -156,19 +163,17 @@ class ShardlabSession(LoggingConfigurable):
             return CellMode(code, None, None, str(error))
         return CellMode(code, mode, source)
 
-    def mode_of(self, code: str) -> CellMode:
-        # IPython may add a final newline or strip indentation before transformers run.
-        if self.pending is not None and self.pending.code.strip() == code.strip():
-            return self.pending
-        return self._resolve(code, None)
+    def _record(self, code: str) -> CellMode:
+        """The record of the cell about to run: the request's, or one from its text."""
+        return self.requested if self.requested is not None else self._resolve(code, None)
 
     # -- the input transformer -------------------------------------------------------------
     def transform(self, lines: list[str]) -> list[str]:
         """IPython cleanup transformer: routes a cell to its mode (see module docstring)."""
-        if self.silent or self._in_graph_body or not lines:
+        if self.silent or self._depth or not lines:
             return lines
         code = "".join(lines)
-        cell = self.mode_of(code)
+        cell = self._record(code)
         if cell.error is not None:
             return [
                 "raise __import__('shardlab.engine.modes', fromlist=['ModeError'])"
@@ -194,18 +199,17 @@ class ShardlabSession(LoggingConfigurable):
             return ["\n"] * (blank_lines + 1) + body.splitlines(True)
         return lines
 
-    @contextlib.contextmanager
-    def graph_body(self) -> Iterator[None]:
-        """While ``%%graph`` has IPython transform its body, :meth:`transform` passes it."""
-        self._in_graph_body = True
-        try:
-            yield
-        finally:
-            self._in_graph_body = False
-
     # -- events ----------------------------------------------------------------------------
+    def pre_execute(self) -> None:
+        self._depth += 1
+
+    def post_execute(self) -> None:
+        self._depth = max(0, self._depth - 1)  # an empty cell ends without starting
+
     def pre_run_cell(self, info: Any) -> None:
-        cell = self.mode_of(info.raw_cell or "")
+        if self._depth > 1:  # run_cell from inside a cell: part of that cell
+            return
+        cell = self._record(info.raw_cell or "")
         self.current = cell
         self.conversions = None
         self._started = time.perf_counter()
@@ -219,6 +223,8 @@ class ShardlabSession(LoggingConfigurable):
             self._eager_context.__enter__()
 
     def post_run_cell(self, result: Any) -> None:
+        if self._depth > 0:  # the end of a cell run from inside a cell
+            return
         if self._eager_context is not None:
             context, self._eager_context = self._eager_context, None
             context.__exit__(None, None, None)
