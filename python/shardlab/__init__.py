@@ -31,8 +31,8 @@ if TYPE_CHECKING:  # the same names for type checkers (``X as X``: re-exported)
     from shardlab.engine.convert.api import to_static as to_static
     from shardlab.engine.modes import ModeError as ModeError
     from shardlab.engine.resources.devices import DeviceSpecError as DeviceSpecError
-    from shardlab.engine.resources.devices import SwitchReport as SwitchReport
     from shardlab.engine.resources.live_memory import ReleaseReport as ReleaseReport
+    from shardlab.engine.resources.switch import SwitchReport as SwitchReport
     from shardlab.kernel.release import release as release
     from shardlab.parallel.compiled.analyze import analyze as analyze
     from shardlab.parallel.cost.calibrate import calibrate as calibrate
@@ -85,7 +85,7 @@ _PUBLIC: dict[str, str] = {
     "converted": "shardlab.engine.convert.api:converted",
     "to_static": "shardlab.engine.convert.api:to_static",
     "DeviceSpecError": "shardlab.engine.resources.devices:DeviceSpecError",
-    "SwitchReport": "shardlab.engine.resources.devices:SwitchReport",
+    "SwitchReport": "shardlab.engine.resources.switch:SwitchReport",
     "release": "shardlab.kernel.release:release",
     "DEVICE_PROFILES": "shardlab.parallel.cost.profiles:DEVICE_PROFILES",
     "DeviceProfile": "shardlab.parallel.cost.profiles:DeviceProfile",
