@@ -8,6 +8,8 @@ PYTEST_ARGS ?=
 # two workers (pytest-xdist): a test file each, the browser and notebook tests as one unit
 PYTEST_WORKERS ?= 2
 LAB_ARGS ?=
+# the Python the linters check: the package, the benchmarks and model zoo at the root, the tests
+LINTED := python benchmarks examples tests
 # JupyterLab refuses to run as root without this (containers, CI machines).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
@@ -81,17 +83,17 @@ test: setup lint browser test-js
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 lint: setup
-	$(BIN)/ruff check python tests
-	$(BIN)/ruff format --check python tests
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/pyright
 
 format: setup
-	$(BIN)/ruff format python tests
-	$(BIN)/ruff check --fix python tests
+	$(BIN)/ruff format $(LINTED)
+	$(BIN)/ruff check --fix $(LINTED)
 
-## benchmarks; writes docs/benchmarks.md
+## benchmarks (benchmarks/, run from the root: not part of the package); writes docs/benchmarks.md
 bench: setup
-	$(BIN)/python -m shardlab.bench --out docs/benchmarks.md
+	$(BIN)/python -m benchmarks --out docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache test-artifacts node_modules lib tsconfig.tsbuildinfo $(LABEXT)

@@ -5,10 +5,10 @@ meshes (8,), (2, 4), (4, 2) is compiled once and its compiled figures cached in 
 (the baselines' layouts do not depend on the cost model), then every run re-predicts all
 plans with the current model and prints the ratios, flagging those outside 5% (``C``) and
 10% (``M``). The full corpus section (auto's plans too, equality) is
-``python -m shardlab.bench --only corpus``.
+``python -m benchmarks --only corpus``.
 
 ``--suite search`` does the same for the strategy-search benchmark's cases
-(``shardlab.examples.cases()``, the 252 plans of ``python -m shardlab.bench --only search``);
+(``shardlab.examples.cases()``, the 252 plans of ``python -m benchmarks --only search``);
 with ``--methods`` the search methods' plans are included, cached by their layouts.
 
 Run: ``.venv/bin/python tools/corpus_fidelity.py [--suite corpus|search] [--cache FILE]
@@ -43,13 +43,15 @@ def main() -> None:
     import jax
 
     jax.config.update("jax_num_cpu_devices", 8)
+    # benchmarks/ and examples/ (the model zoo) are at the repository root, not installed
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from benchmarks.corpus.section import COMM_WITHIN, MEMORY_WITHIN, MESHES, PROFILE, ratio
+    from examples.zoo.models import MODELS
     from shardlab import examples
-    from shardlab.bench.corpus.models import MODELS
-    from shardlab.bench.corpus.section import COMM_WITHIN, MEMORY_WITHIN, MESHES, PROFILE, ratio
     from shardlab.parallel.cost.profiles import comm_time
     from shardlab.parallel.mesh import mesh as make_mesh
-    from shardlab.parallel.search.strategies.baselines import baselines
     from shardlab.parallel.search.driver import search
+    from shardlab.parallel.search.strategies.baselines import baselines
 
     if ns.suite == "corpus":
         cases = [make() for make in MODELS if not ns.models or make.__name__ in ns.models]
@@ -113,9 +115,7 @@ def _layouts(plan) -> str:
     else)."""
     import hashlib
 
-    text = repr(
-        (plan.input_specs, plan.output_specs, plan.constraints, plan.operand_constraints)
-    )
+    text = repr((plan.input_specs, plan.output_specs, plan.constraints, plan.operand_constraints))
     return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 

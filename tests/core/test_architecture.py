@@ -1,4 +1,5 @@
-"""The layering in DESIGN.md, checked: parallel/ and engine/ never import UI libraries."""
+"""The layering in DESIGN.md, checked: parallel/ and engine/ never import UI libraries, and
+the package never imports the repository root's ``benchmarks`` or ``examples``."""
 
 from __future__ import annotations
 
@@ -93,15 +94,19 @@ def test_the_public_face_is_one_table():
 # its own layer or the ones below it.
 PARALLEL_LAYERS = ("base", "graph", "cost", "compiled", "plan", "search")
 PACKAGE_LAYERS = {  # shardlab's own packages: these never import the ones named after them
-    "parallel": ("engine", "kernel", "widgets", "bench", "examples"),
-    "engine": ("parallel", "kernel", "widgets", "bench", "examples"),
-    "widgets": ("kernel", "bench"),
-    "examples": ("engine", "kernel", "widgets", "bench"),
+    "parallel": ("engine", "kernel", "widgets", "examples"),
+    "engine": ("parallel", "kernel", "widgets", "examples"),
+    "widgets": ("kernel",),
+    "examples": ("engine", "kernel", "widgets"),
     # the cluster's management (docs/guide/cluster.md): below the kernel's magics, beside engine
-    "cluster": ("kernel", "widgets", "bench", "examples"),
+    "cluster": ("kernel", "widgets", "examples"),
     # the floor under both cores: it imports none of shardlab's packages
-    "_core": ("parallel", "engine", "kernel", "widgets", "bench", "examples", "cluster"),
+    "_core": ("parallel", "engine", "kernel", "widgets", "examples", "cluster"),
 }
+# The repository root's packages, which are not installed: the benchmarks (``make bench``) and
+# the model zoo on dev-only libraries (``examples.zoo``). They import shardlab, never the
+# other way round (``shardlab.examples`` is the package's own, and is another thing).
+ROOT_PACKAGES = ("benchmarks", "examples")
 SRC = ROOT / "python" / "shardlab"
 
 
@@ -167,6 +172,53 @@ def test_packages_import_in_one_direction():
             if target in PACKAGE_LAYERS.get(package, ()):
                 wrong.append(f"{me} imports {other}")
     assert wrong == []
+
+
+def _absolute_imports(path: pathlib.Path) -> set[str]:
+    """The top-level names of the modules ``path`` imports absolutely, at any depth of the
+    file, ``importlib.import_module("name")`` and ``__import__("name")`` included."""
+    import ast
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Call) and node.args:
+            name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+            first = node.args[0]
+            if name in ("import_module", "__import__") and isinstance(first, ast.Constant):
+                found.add(str(first.value).split(".")[0])
+    return found
+
+
+def test_the_package_never_imports_the_roots_benchmarks_or_examples():
+    """The wheel ships ``python/shardlab`` alone: no module of it may import the root's
+    ``benchmarks`` or ``examples`` (which it would find only in a checkout)."""
+    wrong = [
+        f"{_module_name(path)} imports {name}"
+        for path in sorted(SRC.rglob("*.py"))
+        for name in sorted(_absolute_imports(path) & set(ROOT_PACKAGES))
+    ]
+    assert wrong == []
+    # and at run time, from the root, where both are importable: the package's faces load
+    # neither
+    code = (
+        "import sys, json\n"
+        "import shardlab, shardlab.parallel, shardlab.engine, shardlab.examples, shardlab.data\n"
+        f"print(json.dumps([m for m in {list(ROOT_PACKAGES)!r} if m in sys.modules]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
 
 def test_no_import_cycles_between_modules():

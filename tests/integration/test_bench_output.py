@@ -1,9 +1,9 @@
-"""``python -m shardlab.bench``'s output: one document, each generated section replaced in
+"""``python -m benchmarks``'s output: one document, each generated section replaced in
 place between its markers, hand-written parts kept."""
 
 from __future__ import annotations
 
-from shardlab.bench.__main__ import HEADER, _with_run_line, splice
+from benchmarks.__main__ import HEADER, _with_run_line, splice
 
 
 def test_a_run_replaces_its_section_in_place_and_keeps_the_rest():
@@ -22,7 +22,7 @@ def test_a_run_replaces_its_section_in_place_and_keeps_the_rest():
 def test_an_empty_file_gets_the_header_and_a_section_its_run_line():
     body = _with_run_line("## Kernel\n\nfigures", "2026-12-07, 2 CPU cores", "kernel")
     assert body.splitlines()[2] == (
-        "Run 2026-12-07, 2 CPU cores: `python -m shardlab.bench --only kernel`."
+        "Run 2026-12-07, 2 CPU cores: `python -m benchmarks --only kernel`."
     )
     text = splice("", {"kernel": body})
     assert text.startswith(HEADER.strip().splitlines()[0]) and "<!-- bench:kernel -->" in text

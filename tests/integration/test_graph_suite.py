@@ -1,6 +1,6 @@
 """Graph mode vs %%jit on tutorial-style cells, in two real kernels (issue 16, measured part).
 
-The suite lives in ``shardlab.bench.graph_suite`` (``python -m shardlab.bench --only graph``
+The suite lives in ``benchmarks.graph_suite`` (``python -m benchmarks --only graph``
 writes its section of docs/benchmarks.md). Here a representative subset of 25 items (every
 group: training loops, RNG, nnx, equinox, dataclass state, closures, prints, magics, lax,
 sharded arrays) runs by default; the other items, and the 300-cell RSS check, are marked
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardlab.bench import graph_suite as suite
+from benchmarks import graph_suite as suite
 
 pytestmark = pytest.mark.kernel
 

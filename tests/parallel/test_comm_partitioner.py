@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from shardlab.bench.corpus import models
+from examples.zoo import models
 from shardlab.parallel.compiled.analyze import analyze
 from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.cost.predict import predict

@@ -15,8 +15,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardlab as sp
+from benchmarks import fidelity
 from shardlab._core.equivalence import assert_same_program
-from shardlab.bench import fidelity
 from shardlab.parallel.cost import layouts
 from shardlab.parallel.cost.profiles import wire_bytes
 from shardlab.parallel.graph.rules import rule_for
@@ -252,11 +252,12 @@ def test_graph_and_prediction_of_a_deep_model_are_fast():
 
 def test_parallel_imports_no_ui_libraries():
     code = (
-        "import sys, shardlab.parallel, shardlab.bench.fidelity; "
+        "import sys, shardlab.parallel, benchmarks.fidelity; "
         "bad = [m for m in ('IPython', 'ipywidgets', 'bokeh') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
-    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python"), "JAX_PLATFORMS": "cpu"}
+    path = os.pathsep.join([os.path.join(ROOT, "python"), ROOT])  # benchmarks/: the root
+    env = {**os.environ, "PYTHONPATH": path, "JAX_PLATFORMS": "cpu"}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )

@@ -15,9 +15,9 @@ import pytest
 from scipy import stats
 
 import shardlab
+from benchmarks.ranking import kendall_tau, measure_side_by_side, reprice
 from kernelclient import Kernel
 from shardlab import examples
-from shardlab.bench.ranking import kendall_tau, measure_side_by_side, reprice
 from shardlab.parallel.cost.calibrate import calibrate
 from shardlab.parallel.cost.profiles import DEVICE_PROFILES, resolve_profile
 from shardlab.parallel.search.strategies.baselines import baselines

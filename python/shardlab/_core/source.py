@@ -31,7 +31,7 @@ __all__ = [
 
 _OWN = tuple(
     os.sep + os.path.join("shardlab", part) + os.sep
-    for part in ("_core", "engine", "kernel", "parallel", "widgets", "bench", "cluster")
+    for part in ("_core", "engine", "kernel", "parallel", "widgets", "cluster")
 )
 _OTHER_SESSION = re.compile(r"ipykernel_\d+")
 

@@ -21,8 +21,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardlab
+from benchmarks.ranking import kendall_tau
 from shardlab._core.equivalence import assert_same_program
-from shardlab.bench.ranking import kendall_tau
 from shardlab.parallel.cost import profiles as sp
 from shardlab.parallel.cost.calibrate import (
     ProfileFileError,

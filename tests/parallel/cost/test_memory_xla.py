@@ -276,7 +276,7 @@ def test_an_output_moved_to_its_layout_is_recomputed_by_its_fused_readers():
     output, and the split parameter update recomputes it fused; no split copy of every
     moment waits for the update (the old model: 1.12x the compiled memory of nnx_scan's
     Megatron step on 4x2)."""
-    from shardlab.bench.corpus import models
+    from examples.zoo import models
     from shardlab.parallel.search.strategies.baselines import baselines
 
     case = models.nnx_scan()
@@ -290,7 +290,7 @@ def test_a_value_and_its_copies_are_placed_apart():
     gradient fits the output buffer its update writes later even when the two together do
     not. Counted as one buffer, the MoE's ZeRO × Megatron step on 4×2 was predicted at
     1.11x its compiled memory."""
-    from shardlab.bench.corpus import models
+    from examples.zoo import models
     from shardlab.parallel.search.strategies.baselines import baselines
 
     case = models.topk_moe()
@@ -338,7 +338,7 @@ def test_max_pool_gradient_indices_are_found_in_the_forward_pass(m8):
     computed, and the indices, with the zeros the scatter writes over, wait for the
     backward pass; the operand is not kept for it. The flax ResNet (BatchNorm, max and
     average pooling) replicated: 0.89× with the expansion priced at the gradient."""
-    from shardlab.bench.corpus.models import linen_resnet
+    from examples.zoo.models import linen_resnet
 
     case = linen_resnet()
     plan = strategies.baselines(case.fn, *case.args, mesh=m8)["replicated"]

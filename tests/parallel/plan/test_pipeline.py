@@ -15,8 +15,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from examples.zoo.models import nnx_scan
 from shardlab._core.equivalence import assert_same_program
-from shardlab.bench.corpus.models import nnx_scan
 from shardlab.examples.transformer import gpt, gpt_scan
 from shardlab.parallel.graph.opgraph import build_from_jaxpr
 from shardlab.parallel.mesh import mesh as make_mesh

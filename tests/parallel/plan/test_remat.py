@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from examples.zoo.models import nnx_scan
 from shardlab._core.equivalence import assert_same_program
-from shardlab.bench.corpus.models import nnx_scan
 from shardlab.examples.transformer import gpt, gpt_scan
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.mesh import mesh as make_mesh

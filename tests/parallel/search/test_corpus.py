@@ -1,4 +1,4 @@
-"""The corpus of "other people's models" (``shardlab.bench.corpus``): train steps written the
+"""The corpus of "other people's models" (``examples.zoo``): train steps written the
 way public JAX projects write them, on flax linen, flax nnx, equinox and optax.
 
 Every model traces, every op-graph node has a sharding rule (no replicated fallback), each
@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from examples import zoo
+from examples.zoo import models
 from shardlab._core.equivalence import assert_same_program
-from shardlab.bench import corpus
-from shardlab.bench.corpus import models
 from shardlab.examples import Case
 from shardlab.parallel.graph import rules
 from shardlab.parallel.graph.rules.base import replicated_rule
@@ -26,17 +26,17 @@ from shardlab.parallel.mesh import mesh as make_mesh
 from shardlab.parallel.search.driver import search
 from shardlab.parallel.search.strategies.baselines import baselines
 
-NAMES = [make.__name__ for make in corpus.MODELS]
+NAMES = [make.__name__ for make in zoo.MODELS]
 
 
 @functools.cache
 def _case(name: str) -> Case:
-    return getattr(corpus, name)()
+    return getattr(zoo, name)()
 
 
 @functools.cache
 def _inventory(name: str):
-    return corpus.primitive_inventory(_case(name))
+    return zoo.primitive_inventory(_case(name))
 
 
 @functools.cache
@@ -57,7 +57,7 @@ def test_corpus_lists_every_family_once_in_a_fixed_order():
         "vit",
         "unet",
     ]
-    assert [c.name for c in corpus.corpus()] == NAMES
+    assert [c.name for c in zoo.corpus()] == NAMES
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -66,7 +66,7 @@ def test_model_traces_without_fallbacks(name):
     assert case.name == name
     traced = trace(case.fn, *case.args)
     assert traced.graph.nodes
-    assert corpus.fallbacks(case) == {}
+    assert zoo.fallbacks(case) == {}
     # every argument leaf is an array (no static parts): the step is jittable as it is
     for leaf in jax.tree.leaves(case.args):
         assert isinstance(leaf, jax.Array), (name, type(leaf))
@@ -79,9 +79,9 @@ def test_fallbacks_counts_a_primitive_whose_rule_is_removed(monkeypatch):
     has one fallback, ``top_k``."""
     case = _case("topk_moe")
     monkeypatch.delitem(rules.RULES, "top_k")
-    assert corpus.fallbacks(case) == {"top_k": 1}
+    assert zoo.fallbacks(case) == {"top_k": 1}
     monkeypatch.setitem(rules.RULES, "split", replicated_rule)  # a rule that gives up
-    assert corpus.fallbacks(_case("linen_gpt"))["split"] > 0
+    assert zoo.fallbacks(_case("linen_gpt"))["split"] > 0
 
 
 # per family, primitives it is built to exercise (in the step, gradient included)
@@ -118,7 +118,7 @@ def test_primitive_inventory_finds_the_family_primitives(name):
 
 def test_inventory_counts_inside_sub_jaxprs():
     # jit, custom_jvp (jax.nn.relu, gelu's tanh form is plain) and the scan body are walked
-    inv = corpus.primitive_inventory(
+    inv = zoo.primitive_inventory(
         Case(
             "nested",
             lambda x: jax.lax.scan(lambda c, y: (jax.nn.relu(c + y), None), x, x)[0],

@@ -1,6 +1,6 @@
 """The graph suite's section of docs/benchmarks.md: :func:`section` writes it from a
-:class:`SuiteResult`; :func:`run` is what ``python -m shardlab.bench --only graph`` calls, and
-:func:`main` is ``python -m shardlab.bench.graph_suite [ITEM ...]``.
+:class:`SuiteResult`; :func:`run` is what ``python -m benchmarks --only graph`` calls, and
+:func:`main` is ``python -m benchmarks.graph_suite [ITEM ...]``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import statistics
 import sys
 from collections.abc import Sequence
 
-from shardlab.bench.graph_suite.harness import (
+from benchmarks.graph_suite.harness import (
     ATOL,
     RSS_TARGET,
     RSS_WARMUP,
@@ -25,7 +25,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def section(suite: SuiteResult, command: str = "python -m shardlab.bench --only graph") -> str:
+def section(suite: SuiteResult, command: str = "python -m benchmarks --only graph") -> str:
     results = suite.results
     equal_items = sum(r.equal for r in results)
     total_runs = sum(r.item.runs for r in results)
@@ -35,7 +35,7 @@ def section(suite: SuiteResult, command: str = "python -m shardlab.bench --only 
     lines = [
         "## Graph mode vs %%jit",
         "",
-        f"Command: `{command}` (section `shardlab.bench.graph_suite`). "
+        f"Command: `{command}` (section `benchmarks.graph_suite`). "
         f"{len(results)} tutorial-style cells (training loops, RNG, flax nnx, equinox, optax, "
         "dataclass state, closures over config, prints, magics, lax control flow, "
         "transformations, sharded arrays on 8 CPU devices), each run the same number of times "
@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     suite = run_suite(
         args or None, rss=not args, progress=lambda line: print(line, file=sys.stderr, flush=True)
     )
-    print(section(suite, "python -m shardlab.bench.graph_suite " + " ".join(args)))
+    print(section(suite, "python -m benchmarks.graph_suite " + " ".join(args)))
     median = statistics.median(r.seconds for r in suite.results) if suite.results else 0.0
     print(f"median seconds per item: {median:.1f}", file=sys.stderr)
     return 0

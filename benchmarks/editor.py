@@ -1,6 +1,6 @@
 """Strategy-editor latency: an edit's refreshed figures (cost model) and compiled figures.
 
-Run: ``make bench`` or ``python -m shardlab.bench.editor``.
+Run: ``make bench`` or ``python -m benchmarks.editor``.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def run() -> str:
     lines = [
         "## Strategy editor latency",
         "",
-        "Command: `make bench` (section `shardlab.bench.editor`). A 4-layer GPT-style train "
+        "Command: `make bench` (section `benchmarks.editor`). A 4-layer GPT-style train "
         "step (`shardlab.examples.gpt(4)`: embedding, attention, MLP, layer norm; SGD with "
         "momentum) on a 2×4 mesh of simulated CPU devices. An edit splits or unsplits one MLP "
         "weight over `model`; medians.",

@@ -1,5 +1,5 @@
 """Compiled vs predicted memory and recompute per remat policy: the figures in
-``docs/remat.md``. ``python -m shardlab.bench.remat [layers | nnx | pipeline | megatron]``."""
+``docs/remat.md``. ``python -m benchmarks.remat [layers | nnx | pipeline | megatron]``."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def measure(model: str = "4", batch: int = 32, seq: int = 32, d: int = 64) -> No
 
     n = len(jax.devices())
     if model == "nnx":
-        from shardlab.bench.corpus.models import nnx_scan
+        from examples.zoo.models import nnx_scan
 
         case, layers = nnx_scan(), 3
         base = data_parallel(case.fn, *case.args, mesh=make_mesh(data=n))
@@ -64,7 +64,7 @@ def measure(model: str = "4", batch: int = 32, seq: int = 32, d: int = 64) -> No
         )
 
 
-if __name__ == "__main__":  # python -m shardlab.bench.remat [layers | nnx | pipeline | megatron]
+if __name__ == "__main__":  # python -m benchmarks.remat [layers | nnx | pipeline | megatron]
     import sys
 
     measure(sys.argv[1] if len(sys.argv) > 1 else "4")

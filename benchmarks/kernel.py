@@ -3,7 +3,7 @@
 Each figure is measured side by side in one run, as medians, on real kernel processes driven
 through jupyter_client (the same path a front end takes).
 
-Run: ``make bench`` or ``python -m shardlab.bench.kernel``.
+Run: ``make bench`` or ``python -m benchmarks.kernel``.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def run() -> str:
     lines = [
         "## Kernel",
         "",
-        "Command: `make bench` (section `shardlab.bench.kernel`). Real kernel processes driven "
+        "Command: `make bench` (section `benchmarks.kernel`). Real kernel processes driven "
         "through jupyter_client; medians; kernels measured side by side, interleaved in blocks "
         f"of {BLOCK} cells.",
         "",

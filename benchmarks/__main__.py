@@ -1,4 +1,4 @@
-"""``python -m shardlab.bench [--only NAME ...] [--out docs/benchmarks.md]``.
+"""``python -m benchmarks [--only NAME ...] [--out docs/benchmarks.md]``.
 
 Runs each benchmark section and writes it, with the date, the machine and the command, into
 one markdown file. Each generated section sits between ``<!-- bench:NAME -->`` and
@@ -18,20 +18,20 @@ import sys
 import time
 
 SECTIONS = ("kernel", "fidelity", "editor", "search", "corpus", "graph", "ranking", "budgets")
-MODULES = {  # the rest: shardlab.bench.<name>
-    "corpus": "shardlab.bench.corpus.section",
-    "graph": "shardlab.bench.graph_suite",
+MODULES = {  # the rest: benchmarks.<name>
+    "corpus": "benchmarks.corpus.section",
+    "graph": "benchmarks.graph_suite",
 }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shardlab.bench")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--only", nargs="*", choices=SECTIONS, help="run only these sections")
     parser.add_argument("--out", help="write the markdown here (default: stdout)")
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
-    import jax  # already imported by the shardlab package; the backend is not started yet
+    import jax  # the backend is not started yet: the device count still applies
 
     jax.config.update("jax_num_cpu_devices", int(os.environ["JAX_NUM_CPU_DEVICES"]))
 
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     sections: dict[str, str] = {}
     for name in names:
-        module = importlib.import_module(MODULES.get(name, f"shardlab.bench.{name}"))
+        module = importlib.import_module(MODULES.get(name, f"benchmarks.{name}"))
         start = time.perf_counter()
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
         body = module.run().strip()
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
 HEADER = (
     "# Benchmarks\n\n"
-    "Every generated section is produced by `make bench` (`python -m shardlab.bench --out "
+    "Every generated section is produced by `make bench` (`python -m benchmarks --out "
     "docs/benchmarks.md`; one section: `--only NAME`), which replaces it in place; each "
     "says when and where it ran. Machines are shared and noisy: figures are medians, and "
     "compared figures are measured side by side in one run.\n"
@@ -75,7 +75,7 @@ HEADER = (
 def _with_run_line(body: str, machine: str, name: str) -> str:
     """The section with the run's date, machine and command under its heading."""
     heading, _, rest = body.partition("\n")
-    run = f"Run {machine}: `python -m shardlab.bench --only {name}`."
+    run = f"Run {machine}: `python -m benchmarks --only {name}`."
     return f"{heading}\n\n{run}\n{rest}".rstrip()
 
 

@@ -15,8 +15,8 @@ tracers reachable from the user namespace and the graph cache's traces.
 Finally :func:`alternating_rss` runs 300 small cells alternating eager / jit / graph in a
 fresh kernel and samples the process RSS after a warm-up and at the end.
 
-Run: ``python -m shardlab.bench --only graph`` (the section of docs/benchmarks.md) or
-``python -m shardlab.bench.graph_suite [ITEM ...]``.
+Run: ``python -m benchmarks --only graph`` (the section of docs/benchmarks.md) or
+``python -m benchmarks.graph_suite [ITEM ...]``.
 
 The package: ``items.py`` (the cells), ``harness.py`` (the kernels, the probe, the
 comparisons, :func:`run_suite`), ``report.py`` (the markdown section, :func:`run`).
@@ -24,7 +24,7 @@ comparisons, :func:`run_suite`), ``report.py`` (the markdown section, :func:`run
 
 from __future__ import annotations
 
-from shardlab.bench.graph_suite.harness import (
+from benchmarks.graph_suite.harness import (
     ATOL,
     GRAPH_METADATA,
     JIT_METADATA,
@@ -51,14 +51,14 @@ from shardlab.bench.graph_suite.harness import (
     run_suite,
     stable_traces,
 )
-from shardlab.bench.graph_suite.items import (
+from benchmarks.graph_suite.items import (
     ITEMS,
     PRELUDE,
     SUBSET,
     Item,
     items,
 )
-from shardlab.bench.graph_suite.report import (
+from benchmarks.graph_suite.report import (
     main,
     run,
     section,

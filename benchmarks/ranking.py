@@ -12,7 +12,7 @@ measured baseline. Every plan is also measured a second time, compiled and place
 exactly as they run would score on this host (two runs of the same plans do not order them
 alike when they are closer than the host's noise).
 
-Run: ``python -m shardlab.bench --only ranking`` (or ``python -m shardlab.bench.ranking``).
+Run: ``python -m benchmarks --only ranking`` (or ``python -m benchmarks.ranking``).
 """
 
 from __future__ import annotations
@@ -233,8 +233,8 @@ def run(cases: Sequence[examples.Case] | None = None, meshes=MESHES) -> str:
     lines = [
         "## Plans ranked as they run: predicted vs measured step time",
         "",
-        "Command: `python -m shardlab.bench --only ranking` (or `python -m "
-        "shardlab.bench.ranking`). Devices: "
+        "Command: `python -m benchmarks --only ranking` (or `python -m "
+        "benchmarks.ranking`). Devices: "
         f"{device_text}. A quick `shardlab.calibrate()` at the start of the section "
         f"({calibration_seconds:.1f} s) gives the *calibrated* profile; the *datasheet* "
         f"profile is `{datasheet.name}`. {_calibrated_figures(calibrated)} "

@@ -19,7 +19,7 @@ from typing import Any
 
 from jupyter_client.manager import KernelManager
 
-from shardlab.bench.graph_suite.items import PRELUDE, Item, items
+from benchmarks.graph_suite.items import PRELUDE, Item, items
 
 RTOL = 1e-5
 ATOL = 1e-6

@@ -1,14 +1,14 @@
 """The corpus benchmark (issue 17): auto and every baseline on other people's models.
 
-Per corpus model (``models.py``) and mesh: ``search(method="auto")`` (its method and search
-time) and every baseline; each plan is compiled (``plan.verify()``) and run once against the
-unsharded step. Reported: the compiled objective of each plan (what ``auto`` confirms on:
-alpha-beta seconds of the compiled collectives under the ``cpu-sim`` profile plus the
-roofline of the compiled flops and bytes accessed), compiled communication and per-device
-memory, the cost model's prediction of both (predicted ÷ compiled), the ops no sharding rule
-knows, and equality with the unsharded step.
+Per model of the zoo (``examples.zoo``, outside the package) and mesh:
+``search(method="auto")`` (its method and search time) and every baseline; each plan is
+compiled (``plan.verify()``) and run once against the unsharded step. Reported: the compiled
+objective of each plan (what ``auto`` confirms on: alpha-beta seconds of the compiled
+collectives under the ``cpu-sim`` profile plus the roofline of the compiled flops and bytes
+accessed), compiled communication and per-device memory, the cost model's prediction of both
+(predicted ÷ compiled), the ops no sharding rule knows, and equality with the unsharded step.
 
-Run: ``make bench`` or ``python -m shardlab.bench --only corpus``.
+Run: ``make bench`` or ``python -m benchmarks --only corpus``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from examples.zoo.models import corpus, fallbacks
 from shardlab._core.equivalence import same_program
-from shardlab.bench.corpus.models import corpus, fallbacks
 from shardlab.examples.base import Case
 from shardlab.parallel.cost.profiles import comm_time, resolve_profile
 from shardlab.parallel.mesh import mesh as make_mesh
@@ -164,7 +164,7 @@ def markdown(cases: list[CaseRow]) -> str:
         "## Corpus: other people's models",
         "",
         "Train steps written after public JAX code on the real libraries (flax linen and nnx, "
-        'equinox, optax; `shardlab.bench.corpus`), searched with `method="auto"` and compared '
+        'equinox, optax; `examples.zoo`), searched with `method="auto"` and compared '
         "with every baseline, each plan compiled and run against the unsharded step. "
         "*Objective*: what auto confirms on, the alpha-beta time of the compiled collectives "
         f"(`{PROFILE}` profile) plus the roofline of the compiled flops and bytes accessed. "

@@ -18,6 +18,9 @@ drawing on the ``nnx.Rngs`` state passed in; a ViT; and a diffusion U-Net.
 ``primitive_inventory`` counts what a case's jaxpr is made of (sub-jaxprs included);
 ``fallbacks`` counts the op-graph nodes no sharding rule knows (``rules.rule_for(...).known``
 is False), which the strategy search can only keep replicated.
+
+Outside the package (``examples.zoo``; unlike ``shardlab.examples``, not in the wheel): it
+imports flax, equinox and optax, which are only development dependencies.
 """
 
 from __future__ import annotations

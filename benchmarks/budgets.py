@@ -15,7 +15,7 @@ Targets: at every budget some plan fits when compiled (or the smallest reachable
 reported); auto's plan fits when compiled and its predicted step time is no worse than the
 best hand-made plan that fits; stages balanced (max/mean stage time ≤ 1.15).
 
-Run: ``make bench`` or ``python -m shardlab.bench --only budgets``.
+Run: ``make bench`` or ``python -m benchmarks --only budgets``.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def run() -> str:
         "",
         (__doc__ or "").split("\n\n")[1].replace("\n", " "),
         "",
-        "Run: `python -m shardlab.bench --only budgets`.",
+        "Run: `python -m benchmarks --only budgets`.",
         "",
     ]
     for layers in LAYERS:

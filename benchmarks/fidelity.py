@@ -5,7 +5,7 @@ For fully specified layouts (``FidelityLayout``: every intermediate constrained 
 (``shardlab.examples.mlp_layer``, ``gpt_layer``, ``conv_layer``), ``shardlab.predict`` (no
 compilation) is compared with ``shardlab.analyze`` (the compiled HLO).
 
-Run: ``make bench`` or ``python -m shardlab.bench.fidelity``.
+Run: ``make bench`` or ``python -m benchmarks.fidelity``.
 """
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ def run() -> str:
     lines = [
         "## Cost-model fidelity: predicted vs compiled communication",
         "",
-        "Command: `make bench` (or `python -m shardlab.bench.fidelity`), on 8 simulated CPU "
+        "Command: `make bench` (or `python -m benchmarks.fidelity`), on 8 simulated CPU "
         "devices. Bytes are per device, on the wire (ring model), summed per collective kind; "
         "`predicted` is `shardlab.predict` (no compilation), `actual` is `shardlab.analyze` "
         "(the compiled HLO). Every intermediate, gradient and update is constrained with "

@@ -7,7 +7,7 @@ communication time is the alpha-beta time of the compiled collectives (``cpu-sim
 memory is the compiled per-device total. The deep GPT cases are only searched (compiling an
 unrolled 24-layer step takes XLA ~30 s on CPU), never compiled.
 
-Run: ``make bench`` or ``python -m shardlab.bench.search``.
+Run: ``make bench`` or ``python -m benchmarks.search``.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def run() -> str:
     lines = [
         "## Strategy search: methods vs baselines vs the ILP optimum",
         "",
-        "Command: `make bench` (or `python -m shardlab.bench.search`), 8 simulated CPU "
+        "Command: `make bench` (or `python -m benchmarks.search`), 8 simulated CPU "
         "devices, cost profile `cpu-sim` (alpha 10 µs, 10 GB/s links, 50 GFLOP/s, 4 GB/s "
         "memory: each operation costs the slower of its flops and the bytes it moves). "
         "`predicted`: the plan's cost model (roofline compute + communication); `comm compiled`: alpha-beta time "

@@ -1,1 +1,0 @@
-"""Benchmarks behind ``make bench``; each module's ``run()`` returns a markdown section."""
