@@ -1,5 +1,5 @@
 """Compiled vs predicted memory and recompute per remat policy: the figures in
-``docs/remat.md``. ``python -m benchmarks.remat [layers | nnx | pipeline | megatron]``."""
+``docs/design/remat.md``. ``python -m benchmarks.remat [layers | nnx | pipeline | megatron]``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from shardlab.parallel.plan.remat import POLICIES, with_remat
 
 def measure(model: str = "4", batch: int = 32, seq: int = 32, d: int = 64) -> None:
     """Print compiled vs predicted memory and recompute per policy (the figures in
-    ``docs/remat.md``): ``model`` is a layer count (``gpt_scan(layers)``, data parallel on
+    ``docs/design/remat.md``): ``model`` is a layer count (``gpt_scan(layers)``, data parallel on
     all devices), ``nnx`` (the corpus's nnx scan), ``pipeline`` (``gpt_scan(4)`` on stage
     2 x data 4, 2 microbatches) or ``megatron`` (``gpt_scan(4)``, data 2 x model 4)."""
     import re
