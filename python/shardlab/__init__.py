@@ -56,6 +56,9 @@ if TYPE_CHECKING:  # the same names for type checkers (``X as X``: re-exported)
     from shardlab.parallel.search.auto import confirm_plan as confirm  # noqa: F401 (in __all__)
     from shardlab.parallel.search.driver import search as search
     from shardlab.parallel.specs import ShardingSpecError as ShardingSpecError
+    from shardlab.parallel.targets.catalog import TargetError as TargetError
+    from shardlab.parallel.targets.target import Target as Target
+    from shardlab.parallel.targets.target import target as target
     from shardlab.widgets.commgraph import commgraph as commgraph
     from shardlab.widgets.editor.widget import editor as editor
     from shardlab.widgets.explore.bokeh import explore as explore
@@ -100,6 +103,9 @@ _PUBLIC: dict[str, str] = {
     "ShardingSpecError": "shardlab.parallel.specs:ShardingSpecError",
     "analyze": "shardlab.parallel.compiled.analyze:analyze",
     "mesh": "shardlab.parallel.mesh:mesh",
+    "target": "shardlab.parallel.targets.target:target",
+    "Target": "shardlab.parallel.targets.target:Target",
+    "TargetError": "shardlab.parallel.targets.catalog:TargetError",
     "predict": "shardlab.parallel.cost.predict:predict",
     "calibrate": "shardlab.parallel.cost.calibrate:calibrate",
     "load_profile": "shardlab.parallel.cost.profile_file:load_profile",

@@ -6,7 +6,9 @@ kernelspec's ``env``, so pinning travels as launcher arguments).
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from typing import Any
 
 
 def _pop_devices(argv: list[str]) -> tuple[str | None, list[str]]:
@@ -27,20 +29,45 @@ def _pop_devices(argv: list[str]) -> tuple[str | None, list[str]]:
     return devices, rest
 
 
+def _compilers_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("jax_cuda12_plugin") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     devices, rest = _pop_devices(args)
-    if devices is not None:
-        from shardlab.engine.resources.devices import (
-            DeviceSpecError,
-            parse_devices,
-            pin_environment,
-        )
+    # With the target compilers installed (shardlab[targets]), ``import jax`` and JAX's first
+    # backend start load the CUDA plugin, whose runtime stub says it found no driver: both
+    # happen here, before the kernel forwards fd 2 into cells, with that line dropped
+    # (``_core/native_log.py``), on the devices just pinned. Without the compilers JAX starts
+    # in the first cell that needs it, as before.
+    compilers = _compilers_installed()
+    quiet: Any = contextlib.nullcontext()
+    if compilers:
+        from shardlab._core.native_log import quiet_native_stderr
 
-        try:
-            pin_environment(parse_devices(devices))
-        except DeviceSpecError as error:
-            sys.exit(f"shardlab kernel: {error}")
+        quiet = quiet_native_stderr()
+    with quiet:
+        if devices is not None:
+            from shardlab.engine.resources.devices import (
+                DeviceSpecError,
+                parse_devices,
+                pin_environment,
+            )
+
+            try:
+                pin_environment(parse_devices(devices))
+            except DeviceSpecError as error:
+                sys.exit(f"shardlab kernel: {error}")
+        if compilers:
+            import jax
+
+            jax.devices()
     from ipykernel.kernelapp import IPKernelApp
 
     from shardlab.kernel.kernel import ShardlabKernel

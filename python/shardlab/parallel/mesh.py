@@ -26,11 +26,15 @@ def mesh(
         axes: ``{name: size}`` in major-to-minor order, e.g. ``{"data": 2, "model": 4}``.
         shape: axis sizes, with ``names``, as an alternative to ``axes``.
         names: axis names for ``shape``.
-        devices: the devices to use (default: ``jax.devices()``).
+        devices: the devices to use (default: ``jax.devices()``), or a ``shardlab.target``:
+            the axes are laid over its hosts or slices, the last axes innermost (inside a
+            host's NVLink or a slice's ICI), and programs over the mesh are compiled by the
+            target's compiler (``parallel/targets/``).
         **axis_sizes: keyword form, e.g. ``mesh(data=2, model=4)``.
 
     Returns:
-        The mesh; devices are laid out in ``jax.devices()`` order, row-major.
+        The mesh; devices are laid out in ``jax.devices()`` order, row-major (over a
+        target: as ``parallel/targets/layout.py`` says).
 
     Raises:
         ValueError: when the sizes do not multiply to the number of devices (the message
@@ -57,19 +61,37 @@ def mesh(
     for name, size in zip(names, shape, strict=True):
         if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 1:
             raise ValueError(f"mesh axis {name!r} needs a positive int size, got {size!r}")
-    pool = list(jax.devices() if devices is None else devices)
+    target = _as_target(devices)
+    pool = list(jax.devices() if devices is None else target.devices if target else devices)
     need = math.prod(shape)
     if need != len(pool):
-        raise ValueError(_mismatch_message(dict(zip(names, shape, strict=True)), pool))
+        raise ValueError(
+            _mismatch_message(dict(zip(names, shape, strict=True)), pool, target=target)
+        )
+    if target is not None:
+        from shardlab.parallel.targets.target import target_mesh
+
+        return target_mesh(target, names, shape)
     grid = np.empty(len(pool), dtype=object)
     grid[:] = pool
     return Mesh(grid.reshape(shape), tuple(names))
 
 
-def _mismatch_message(wanted: dict[str, int], pool: list[Any]) -> str:
+def _as_target(devices: Any) -> Any:
+    """``devices`` when it is a ``shardlab.target`` (imported only then), else None."""
+    if devices is None or isinstance(devices, (list, tuple, np.ndarray)):
+        return None
+    from shardlab.parallel.targets.target import Target
+
+    return devices if isinstance(devices, Target) else None
+
+
+def _mismatch_message(wanted: dict[str, int], pool: list[Any], *, target: Any = None) -> str:
     n = len(pool)
     kinds = sorted({f"{d.platform}:{d.device_kind}" for d in pool})
     shown = ", ".join(str(d) for d in pool[:8]) + (", ..." if n > 8 else "")
+    if target is not None:
+        kinds, shown = [target.description], f"{n} abstract devices"
     sizes = " × ".join(f"{k}={v}" for k, v in wanted.items())
     names = list(wanted)
     suggestion = ""
@@ -80,10 +102,11 @@ def _mismatch_message(wanted: dict[str, int], pool: list[Any]) -> str:
         )
     elif len(names) == 1:
         suggestion = f" e.g. mesh({names[0]}={n})"
+    subset = "" if target is not None else "; or pass devices=[...] to use a subset"
     return (
         f"mesh {sizes} needs {math.prod(wanted.values())} devices, but {n} are available "
-        f"({', '.join(kinds)}: {shown}). Choose sizes whose product is {n},{suggestion}; "
-        "or pass devices=[...] to use a subset."
+        f"({', '.join(kinds)}: {shown}). Choose sizes whose product is {n},{suggestion}"
+        f"{subset}."
     )
 
 

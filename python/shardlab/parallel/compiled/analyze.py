@@ -64,6 +64,30 @@ def compile_sharded(
         return lowered.compile()
 
 
+def compiled_cost(compiled: Any) -> dict[str, float]:
+    """The compiler's cost analysis (flops, bytes accessed) of a compiled program.
+
+    XLA:GPU compiled deviceless has none (``GetCostAnalysis is not supported``): its
+    optimized HLO module is then run through XLA's HLO cost analysis on this process's CPU
+    client, which counts the same instructions."""
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # a backend without one
+        cost = None
+    if isinstance(cost, list):  # older jax returned one dict per program
+        cost = cost[0] if cost else {}
+    if cost:
+        return dict(cost)
+    try:
+        from jax._src.lib import xla_client
+
+        modules = compiled.runtime_executable().hlo_modules()
+        cpu = jax.devices("cpu")[0].client
+        return dict(xla_client._xla.hlo_module_cost_analysis(cpu, modules[0]))
+    except Exception:  # private API moved, or no CPU client: no figures
+        return {}
+
+
 def analyze(
     fn: Callable[..., Any],
     *args: Any,
@@ -102,9 +126,7 @@ def analyze(
         alias=int(getattr(mem, "alias_size_in_bytes", 0)),
         temp=int(getattr(mem, "temp_size_in_bytes", 0)),
     )
-    cost = compiled.cost_analysis()
-    if isinstance(cost, list):  # older jax returned one dict per program
-        cost = cost[0] if cost else {}
+    cost = compiled_cost(compiled)
     in_sh = jax.tree_util.tree_leaves(
         compiled.input_shardings[0], is_leaf=lambda x: isinstance(x, NamedSharding)
     )

@@ -367,6 +367,28 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
             "ICI 1,600 Gbps "
             "per chip (4 links; ~100 GB/s per direction along one ring axis assumed)",
         ),
+        DeviceProfile(
+            name="tpu-v5p",
+            peak_flops=459e12,
+            memory_bytes=95 * 10**9,
+            memory_bandwidth=2.765e12,
+            link_bandwidth=200e9,
+            link_latency=10e-6,
+            source="Google Cloud TPU v5p docs: 459 TFLOP/s BF16, 95 GB HBM2e at 2,765 GB/s, "
+            "ICI 4,800 Gbps per chip (6 links of a 3D torus; ~200 GB/s per direction along "
+            "one ring axis assumed)",
+        ),
+        DeviceProfile(
+            name="tpu-v6e",
+            peak_flops=918e12,
+            memory_bytes=32 * 10**9,
+            memory_bandwidth=1.64e12,
+            link_bandwidth=224e9,
+            link_latency=10e-6,
+            source="Google Cloud TPU v6e (Trillium) docs: 918 TFLOP/s BF16, 32 GB HBM at "
+            "1,640 GB/s, ICI 3,584 Gbps per chip (4 links; ~224 GB/s per direction along one "
+            "ring axis assumed)",
+        ),
     )
 }
 
