@@ -167,7 +167,7 @@ def test_a_mesh_that_does_not_fit_the_target_gives_shapes_that_do():
     assert t.description in message
 
 
-def _mlp_step():
+def _mlp_step(width: int = 256, hidden: int = 512, batch: int = 64):
     def loss(p, x):
         return ((jnp.tanh(x @ p["w1"]) @ p["w2"]) ** 2).mean()
 
@@ -176,10 +176,10 @@ def _mlp_step():
         return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
 
     params = {
-        "w1": jax.ShapeDtypeStruct((256, 512), jnp.bfloat16),
-        "w2": jax.ShapeDtypeStruct((512, 256), jnp.bfloat16),
+        "w1": jax.ShapeDtypeStruct((width, hidden), jnp.bfloat16),
+        "w2": jax.ShapeDtypeStruct((hidden, width), jnp.bfloat16),
     }
-    x = jax.ShapeDtypeStruct((64, 256), jnp.bfloat16)
+    x = jax.ShapeDtypeStruct((batch, width), jnp.bfloat16)
     specs = ({"w1": P(None, "model"), "w2": P("model", None)}, P("data", None))
     return step, params, x, specs
 
@@ -226,3 +226,25 @@ def test_a_tpu_mesh_inside_a_slice_follows_the_torus():
     for row in mesh.devices:
         coords = [tuple(d.coords[:2]) for d in row]
         assert len({y for _, y in coords}) == 1 and sorted(x for x, _ in coords) == [0, 1, 2, 3]
+
+
+def test_predict_and_search_on_a_target_are_priced_by_its_profile_and_compiled_by_its_compiler():
+    _needs("cuda")
+    from shardlab.parallel.targets.target import TargetRunError
+
+    t = shardlab.target("h100", hosts=1)
+    mesh = shardlab.mesh(data=2, model=4, devices=t)
+    # big enough that one H100 computing it all loses to sharding it (3.3 TFLOP a step)
+    step, params, x, specs = _mlp_step(width=2048, hidden=8192, batch=16384)
+    cost = shardlab.predict(step, params, x, mesh=mesh, in_shardings=specs)
+    assert cost.device == t.profile == "h100-nvlink"
+    plan = shardlab.search(step, params, x, mesh=mesh)
+    assert plan.cost.device == "h100-nvlink" and plan.cost.comm_time > 0
+    report = plan.verify()  # compiled by XLA:GPU: its collectives are async start/done pairs
+    assert report.collectives and "all-reduce-start" in report.hlo
+    assert "def " in plan.to_code()
+    run = plan.jit()
+    with pytest.raises(TargetRunError, match=r"plan\.verify\(\).*plan\.to_code\(\)"):
+        run(*jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), (params, x)))
+    with pytest.raises(TargetRunError, match="8 × H100 SXM"):
+        plan.shard(params, x)

@@ -193,7 +193,7 @@ def prepare_strategy(
     traced: Traced | None = None,
 ) -> Prepared:
     """Validates the specs and traces ``fn`` (unless ``graph`` or ``traced`` is given)."""
-    profile = resolve_profile(device)
+    profile = resolve_profile(device, mesh)
     sizes = mesh_shape_of(mesh)
     resolved = resolve_shardings(in_shardings, args, mesh, what="in_shardings")
     if graph is None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from shardlab.parallel.records import Collective, _Record
 
@@ -447,12 +448,19 @@ def _matches_devices(profile: DeviceProfile) -> bool:
     return c.platform == devices[0].platform and c.device_count == len(devices)
 
 
-def resolve_profile(device: str | DeviceProfile | None) -> DeviceProfile:
+def resolve_profile(device: str | DeviceProfile | None, mesh: Any = None) -> DeviceProfile:
     """A profile by name (datasheet or registered calibrated), the given profile, the
-    default set by ``use_profile`` (when measured on the current devices), or the
-    datasheet for the current JAX backend."""
+    datasheet of the target ``mesh`` is laid over (``shardlab.target``), the default set by
+    ``use_profile`` (when measured on the current devices), or the datasheet for the current
+    JAX backend."""
     if isinstance(device, DeviceProfile):
         return device
+    if device is None and mesh is not None:
+        from shardlab.parallel.targets.target import target_of
+
+        target = target_of(mesh)
+        if target is not None:
+            return DEVICE_PROFILES[target.profile]
     if device is None and DEFAULT_PROFILE and _matches_devices(DEFAULT_PROFILE[-1]):
         return DEFAULT_PROFILE[-1]
     if isinstance(device, str) and device in CALIBRATED:

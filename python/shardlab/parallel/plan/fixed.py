@@ -51,7 +51,7 @@ def fixed_plan(
         start: ``time.perf_counter()`` when making the plan began (for ``search_time``).
     """
     start = time.perf_counter() if start is None else start
-    profile = resolve_profile(device)
+    profile = resolve_profile(device, mesh)
     g = traced.graph
     sizes = mesh_shape_of(mesh)
     ins = list(input_layouts)
@@ -97,7 +97,7 @@ def partitioned_cost(plan: Plan, device: str | DeviceProfile | None = None) -> C
         g,
         list(plan.input_specs),
         mesh_shape_of(plan.binding.mesh),
-        resolve_profile(device),
+        resolve_profile(device, plan.binding.mesh),
         constraints=constraints or None,
         output_layouts=list(plan.output_specs),
     )

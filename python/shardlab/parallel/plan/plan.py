@@ -60,6 +60,7 @@ from shardlab.parallel.records import (
     _Record,
 )
 from shardlab.parallel.specs import make_spec
+from shardlab.parallel.targets.target import refuse_to_run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,7 +239,7 @@ class Plan(_Record):
         b = self._bound()
         jitted = jax.jit(self.function(dynamic=True), **kwargs)
         shardings = self._in_sharding_leaves() if own else None
-        return PlannedJit(jitted, b.traced, shardings)
+        return PlannedJit(jitted, b.traced, shardings, mesh=b.mesh)
 
     def shard(self, *args: Any) -> tuple[Any, ...]:
         """The arguments placed as the plan wants, to place them once before a loop.
@@ -256,6 +257,7 @@ class Plan(_Record):
             TypeError: the arguments have another structure than the plan's.
             ArgumentError: a static leaf differs from the one the plan was made for.
         """
+        refuse_to_run(self.mesh, "plan.shard(...) (placing arrays on the plan's devices)")
         traced = self._bound().traced
         parts = traced.arguments or split(traced.args, check=False)
         args = tuple(args)
@@ -528,8 +530,16 @@ class PlannedJit:
         jitted: the ``jax.jit`` function of the dynamic trees (static leaves ``None``).
     """
 
-    def __init__(self, jitted: Any, traced: Traced, shardings: list[NamedSharding] | None):
+    def __init__(
+        self,
+        jitted: Any,
+        traced: Traced,
+        shardings: list[NamedSharding] | None,
+        *,
+        mesh: Mesh | None = None,
+    ):
         self.jitted = jitted
+        self._mesh = mesh
         self._arguments = traced.arguments or split(traced.args, check=False)
         self._outputs = traced.outputs
         self._shardings = shardings
@@ -546,6 +556,8 @@ class PlannedJit:
         return jax.tree_util.tree_unflatten(tree, placed)
 
     def __call__(self, *args: Any) -> Any:
+        if self._mesh is not None:
+            refuse_to_run(self._mesh, "running a plan")
         out = self.jitted(*self._dynamic(args))
         return out if self._outputs is None else self._outputs.combine(out)
 

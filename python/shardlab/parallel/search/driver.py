@@ -148,7 +148,7 @@ def search(
     if not isinstance(mesh, Mesh):
         raise SearchError(f"mesh must be a jax.sharding.Mesh (shardlab.mesh(...)), got {mesh!r}")
     report(0.0, "tracing")
-    problem = Problem(trace(fn, *args), mesh, resolve_profile(device))
+    problem = Problem(trace(fn, *args), mesh, resolve_profile(device, mesh))
     traced, graph, sizes, profile = problem.traced, problem.graph, problem.sizes, problem.profile
     fixed = resolve_annotations(annotations, fn, traced.dynamic_args, mesh)
     n_batch = traced.arg_of_leaf.count(len(args) - 1) if len(args) > 1 else 0

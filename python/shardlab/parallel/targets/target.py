@@ -19,7 +19,11 @@ from shardlab.parallel.targets import layout
 from shardlab.parallel.targets.catalog import TargetSpec, describe_spec, parse_target
 from shardlab.parallel.targets.devices import target_devices
 
-__all__ = ["Target", "target", "target_mesh", "target_of"]
+__all__ = ["Target", "TargetRunError", "refuse_to_run", "target", "target_mesh", "target_of"]
+
+
+class TargetRunError(RuntimeError):
+    """Something that needs the real devices was asked of a target's abstract ones."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -193,3 +197,18 @@ def target_mesh(t: Target, names: Sequence[str], shape: Sequence[int]) -> Mesh:
 def mesh_layout(mesh: Mesh) -> TargetLayout | None:
     """Where the axes of a mesh made by ``target_mesh`` run; None for other meshes."""
     return _LAYOUTS.get(mesh)
+
+
+def refuse_to_run(mesh: Mesh, what: str) -> None:
+    """Raises ``TargetRunError`` when ``mesh`` is over a target: ``what`` (running a plan,
+    placing arrays) needs devices this process does not have; the message names what works."""
+    t = target_of(mesh)
+    if t is None:
+        return
+    raise TargetRunError(
+        f"{what} needs the devices themselves, and this mesh is over {t.description}: "
+        "abstract devices that only a compiler can use. Here, plan.verify() compiles the "
+        f"plan for them (XLA:{'GPU' if t.platform == 'cuda' else 'TPU'}: collectives, "
+        "memory per device) and plan.to_code() writes it out to run on that machine; to run "
+        "it in this process, make the plan again on shardlab.mesh(...) without devices=."
+    )

@@ -246,7 +246,7 @@ def choose_pipeline(
         isinstance(pipeline, int) and not isinstance(pipeline, bool)
     ):
         raise SearchError(f"pipeline={pipeline!r}: use 'auto', False or a number of stages")
-    profile = resolve_profile(device)
+    profile = resolve_profile(device, mesh)
     traced = trace(fn, *args)
     budget = math.inf if memory_budget is None else float(memory_budget)
     made: dict[str, Any] = {}
