@@ -4,7 +4,7 @@
  * JupyterLab imports (unit-tested in node, labextension/test/format.test.ts).
  */
 
-import type { IDeviceInfo, IShardlabStatus } from './protocol';
+import type { IDeviceInfo, IShardlabStatus, ITargetInfo } from './protocol';
 
 const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
 
@@ -69,6 +69,11 @@ export function meshText(mesh: Record<string, number> | null): string {
   );
 }
 
+/** `target 64 × H100 SXM` for a status with a target; empty without one. */
+export function targetText(target: ITargetInfo | null | undefined): string {
+  return target ? `target ${target.count} × ${target.label}` : '';
+}
+
 /** The most bytes any one device holds. */
 export function maxBytesPerDevice(bytesPerDevice: Record<string, number>): number {
   return Object.values(bytesPerDevice).reduce((a, b) => Math.max(a, b), 0);
@@ -81,19 +86,29 @@ export function memoryText(bytesPerDevice: Record<string, number>): string {
 
 // -- the status bar ---------------------------------------------------------------------
 
-/** The parts the status bar shows, in order. */
-export function statusBarParts(status: IShardlabStatus): string[] {
-  const parts = [status.default_mode, deviceText(status.devices)];
+/** The parts the status bar shows, in order, each with the name its element is styled by. */
+export function statusBarParts(status: IShardlabStatus): Array<[string, string]> {
+  const parts: Array<[string, string]> = [
+    ['mode', status.default_mode],
+    ['devices', deviceText(status.devices)]
+  ];
   const mesh = meshText(status.mesh);
   if (mesh) {
-    parts.push(mesh);
+    parts.push(['mesh', mesh]);
   }
-  parts.push(memoryText(status.bytes_per_device));
+  const target = targetText(status.target);
+  if (target) {
+    parts.push(['target', target]);
+  }
+  parts.push(['memory', memoryText(status.bytes_per_device)]);
   return parts;
 }
 
+/** The status bar's text, as one line. */
 export function statusBarText(status: IShardlabStatus): string {
-  return statusBarParts(status).join(' · ');
+  return statusBarParts(status)
+    .map(([, text]) => text)
+    .join(' · ');
 }
 
 /** A longer text for the status bar's tooltip. */
@@ -110,6 +125,9 @@ export function statusTooltip(status: IShardlabStatus): string {
   const mesh = meshText(status.mesh);
   if (mesh) {
     lines.push(mesh);
+  }
+  if (status.target) {
+    lines.push(`planning for ${status.target.description} (%target)`);
   }
   lines.push('click: open the shardlab panel');
   return lines.join('\n');

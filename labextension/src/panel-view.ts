@@ -96,7 +96,8 @@ export function historyRows(history: readonly IHistoryItem[], limit = 8): IHisto
 /** "8 × CPU · mesh data=2 model=4". */
 export function devicesLine(status: IShardlabStatus): string {
   const mesh = meshText(status.mesh);
-  return mesh ? `${deviceText(status.devices)} · ${mesh}` : deviceText(status.devices);
+  const line = mesh ? `${deviceText(status.devices)} · ${mesh}` : deviceText(status.devices);
+  return status.target ? `${line} · planning for ${status.target.description}` : line;
 }
 
 /** The device set the kernel was started with (its launcher's --devices). */

@@ -53,6 +53,14 @@ export interface IMemoryHistory {
   samples: number;
 }
 
+/** A target the kernel plans for (`target_info` in python/shardlab/kernel/status.py). */
+export interface ITargetInfo {
+  kind: string;
+  label: string;
+  count: number;
+  description: string;
+}
+
 /** The kernel's status record (`status_record` in python/shardlab/kernel/status.py). */
 export interface IShardlabStatus {
   version: number;
@@ -64,6 +72,8 @@ export interface IShardlabStatus {
   devices: IDeviceInfo;
   bytes_per_device: Record<string, number>;
   mesh: Record<string, number> | null;
+  /** The machine planned for (`%target`); absent from older kernels, null for own devices. */
+  target?: ITargetInfo | null;
   largest_arrays: IArrayInfo[];
   history: IHistoryItem[];
   /** Live bytes per device over time; absent from older kernels, null before recording. */
@@ -114,6 +124,16 @@ function isArrayInfo(value: unknown): value is IArrayInfo {
     typeof value.dtype === 'string' &&
     typeof value.sharding === 'string' &&
     isCount(value.bytes_per_device)
+  );
+}
+
+function isTargetInfo(value: unknown): value is ITargetInfo {
+  return (
+    isDict(value) &&
+    typeof value.kind === 'string' &&
+    typeof value.label === 'string' &&
+    isCount(value.count) &&
+    typeof value.description === 'string'
   );
 }
 
@@ -180,6 +200,7 @@ export function validateStatus(value: unknown): IShardlabStatus | null {
     isStringOrNull(devices.pinned) &&
     isByteMap(value.bytes_per_device) &&
     (value.mesh === null || isByteMap(value.mesh)) &&
+    (value.target === undefined || value.target === null || isTargetInfo(value.target)) &&
     Array.isArray(value.largest_arrays) &&
     value.largest_arrays.every(isArrayInfo) &&
     Array.isArray(value.history) &&

@@ -15,7 +15,7 @@ import { Widget } from '@lumino/widgets';
 
 import { connectionFor } from './comm';
 import type { ShardlabConnection } from './comm';
-import { deviceText, memoryText, meshText, statusTooltip } from './format';
+import { statusBarParts, statusTooltip } from './format';
 import { OPEN_PANEL_COMMAND, SETTINGS_PLUGIN_ID } from './ids';
 import type { IShardlabStatus } from './protocol';
 
@@ -39,16 +39,7 @@ export class ShardlabStatusWidget extends Widget {
       node.title = '';
       return;
     }
-    const parts: Array<[string, string]> = [
-      ['mode', status.default_mode],
-      ['devices', deviceText(status.devices)]
-    ];
-    const mesh = meshText(status.mesh);
-    if (mesh) {
-      parts.push(['mesh', mesh]);
-    }
-    parts.push(['memory', memoryText(status.bytes_per_device)]);
-    parts.forEach(([name, text], index) => {
+    statusBarParts(status).forEach(([name, text], index) => {
       if (index > 0) {
         node.appendChild(document.createTextNode(' · '));
       }

@@ -9,7 +9,8 @@ import {
   memoryText,
   meshText,
   parseDeviceSpec,
-  statusBarText
+  statusBarText,
+  targetText
 } from '../src/format';
 import { statusRecord } from './records';
 
@@ -55,6 +56,12 @@ describe('text', () => {
   it('puts the status bar text together', () => {
     expect(statusBarText(statusRecord())).toBe('jit · 8 × CPU · mesh data=2 model=4 · 12.0 MiB/device');
     expect(statusBarText(statusRecord({ mesh: null }))).toBe('jit · 8 × CPU · 12.0 MiB/device');
+    const target = { kind: 'h100', label: 'H100 SXM', count: 64, description: '64 × H100 SXM (8 hosts × 8)' };
+    expect(statusBarText(statusRecord({ target }))).toBe(
+      'jit · 8 × CPU · mesh data=2 model=4 · target 64 × H100 SXM · 12.0 MiB/device'
+    );
+    expect(targetText(null)).toBe('');
+    expect(targetText(undefined)).toBe('');
   });
 });
 

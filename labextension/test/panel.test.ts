@@ -85,6 +85,10 @@ describe('devices', () => {
   it('says the device set, the mesh and the pin', () => {
     expect(devicesLine(status())).toBe('8 × CPU');
     expect(devicesLine(status({ mesh: { data: 2, model: 4 } }))).toBe('8 × CPU · mesh data=2 model=4');
+    const target = { kind: 'tpu-v5e', label: 'TPU v5e', count: 256, description: '256 × TPU v5e (slice 16x16)' };
+    expect(devicesLine(status({ mesh: { data: 16, model: 16 }, target }))).toBe(
+      '8 × CPU · mesh data=16 model=16 · planning for 256 × TPU v5e (slice 16x16)'
+    );
     expect(pinnedLine(status())).toBe('pinned: cpu:8');
     expect(pinnedLine(status({ devices: { platform: 'gpu', count: 2, kinds: ['H100'], pinned: null } }))).toMatch(/^not pinned/);
   });

@@ -13,6 +13,7 @@ export function statusRecord(overrides: Record<string, unknown> = {}): IShardlab
     devices: { platform: 'cpu', count: 8, kinds: ['cpu'], pinned: 'cpu:8' },
     bytes_per_device: { TFRT_CPU_0: 12 * 2 ** 20, TFRT_CPU_1: 4096 },
     mesh: { data: 2, model: 4 },
+    target: null,
     largest_arrays: [
       {
         name: 'params["w"]',

@@ -52,6 +52,10 @@ describe('the status schema and validateStatus', () => {
     ['a record before any cell', fresh],
     ['a record with memory over time', statusRecord({ memory_history: memoryHistory() })],
     ['a record from a newer kernel', statusRecord({ future_field: { anything: true } })],
+    [
+      'a record planning for a target',
+      statusRecord({ target: { kind: 'h100', label: 'H100 SXM', count: 64, description: '64 × H100 SXM (8 hosts × 8)' } })
+    ],
     ['a history row whose duration was not finite', statusRecord({ history: [{ execution_count: 1, mode: 'jit', source: 'magic', duration_s: null }] })]
   ])('both accept %s, unchanged', (_, record) => {
     expect(verdicts(record)).toEqual(both(true));
@@ -79,7 +83,10 @@ describe('the status schema and validateStatus', () => {
     ['arrays as an object', statusRecord({ largest_arrays: {} })],
     ['an array shape with a float', statusRecord({ largest_arrays: [{ name: 'x', shape: [1.5], dtype: 'f', sharding: '', bytes_per_device: 1 }] })],
     ['a history row with a bad mode', statusRecord({ history: [{ execution_count: 1, mode: 'x', source: 'magic', duration_s: 0 }] })],
-    ['a non-finite duration', statusRecord({ last_duration_s: Infinity })]
+    ['a non-finite duration', statusRecord({ last_duration_s: Infinity })],
+    ['a target count as a string', statusRecord({ target: { kind: 'h100', label: 'H100', count: '64', description: '' } })],
+    ['a target without its description', statusRecord({ target: { kind: 'h100', label: 'H100', count: 64 } })],
+    ['a target as a string', statusRecord({ target: '64 × H100' })]
   ])('both reject a record with %s', (_, value) => {
     expect(verdicts(value)).toEqual(both(false));
   });

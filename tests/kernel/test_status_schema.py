@@ -184,3 +184,29 @@ def test_a_broken_record_is_rejected(full, change):
     assert not VALIDATOR.is_valid(broken)
     with pytest.raises(jsonschema.ValidationError):
         VALIDATOR.validate(broken)
+
+
+def test_a_record_planning_for_a_target_is_valid(shell, full):
+    from shardlab.parallel.targets.devices import compiler_missing
+
+    missing = compiler_missing("tpu")
+    if missing is not None:
+        pytest.skip(missing)
+    assert full["target"] is None  # the kernel's own devices
+    result = shell.run_cell("%target tpu-v5e topology=2x4")
+    assert result.success
+    try:
+        record = _sent(status_record(_session(shell)))
+        VALIDATOR.validate(record)
+        assert record["target"] == {
+            "kind": "tpu-v5e",
+            "label": "TPU v5e",
+            "count": 8,
+            "description": "8 × TPU v5e (slice 2x4, 2 hosts, ICI within a slice)",
+        }
+        assert set(record["target"]) == set(
+            SCHEMA["properties"]["target"]["anyOf"][0]["properties"]
+        )
+    finally:
+        assert shell.run_cell("%target off").success
+    assert _sent(status_record(_session(shell)))["target"] is None

@@ -248,3 +248,29 @@ def test_predict_and_search_on_a_target_are_priced_by_its_profile_and_compiled_b
         run(*jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), (params, x)))
     with pytest.raises(TargetRunError, match="8 × H100 SXM"):
         plan.shard(params, x)
+
+
+def test_two_processes_describe_tpu_slices_at_once():
+    """libtpu locks the machine for one process unless told there are no TPUs to share (a
+    kernel, a second notebook and the test workers all describe slices)."""
+    _needs("tpu")
+    import subprocess
+
+    shardlab.target("tpu-v5e", topology="2x4")  # this process has libtpu loaded
+    other = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import shardlab; print(shardlab.target('tpu-v5p', topology='2x2x2').device_count)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        # the child's own shardlab must allow sharing: nothing inherited says so
+        env={
+            **{k: v for k, v in os.environ.items() if k != "ALLOW_MULTIPLE_LIBTPU_LOAD"},
+            "JAX_PLATFORMS": "cpu",
+        },
+    )
+    assert other.returncode == 0, other.stderr[-2000:]
+    assert other.stdout.strip() == "8"

@@ -19,6 +19,7 @@ from shardlab.kernel.magics import ShardlabMagics
 from shardlab.kernel.release import release
 from shardlab.kernel.session import ShardlabSession, attach, detach, session_of
 from shardlab.kernel.status import StatusChannel
+from shardlab.kernel.target_magic import TargetMagics
 
 
 def register(shell: Any) -> ShardlabSession:
@@ -43,6 +44,7 @@ def register(shell: Any) -> ShardlabSession:
     shell.register_magics(ShardlabMagics(shell, session=session))
     shell.register_magics(CompareMagics(shell, session=session))
     shell.register_magics(ClusterMagics(shell, session=session))
+    shell.register_magics(TargetMagics(shell, session=session))
     calibrate_magics = CalibrateMagics(shell, session=session, config=shell.config)
     shell.configurables.append(calibrate_magics)  # %config CalibrateMagics.use_by_default
     shell.register_magics(calibrate_magics)

@@ -20,7 +20,8 @@ anything else                           ``{"type": "error", "request", "message"
 ======================================  =================================================
 
 "Then a status" goes to every open comm. The record: default mode, last effective mode,
-devices, per-device live bytes, the active mesh, the largest named arrays, the last cells'
+devices, per-device live bytes, the active mesh, the target planned for (``%target``), the
+largest named arrays, the last cells'
 modes and ``memory_history``, per-device live bytes over time (``engine/resources/memory_history.py``,
 recorded from the first comm on; at most ``MAX_SENT`` samples with the newest markers, or
 None before; volatile like the history, so it rides along when something else changed). The arrays are computed only while a comm is open, over a bounded walk.
@@ -72,6 +73,28 @@ def mesh_shape(namespace: dict[str, Any] | None) -> dict[str, int] | None:
     if found is None:
         return None
     return {str(k): int(v) for k, v in dict(found.shape).items()}
+
+
+def target_info(namespace: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The machine being planned for: the ``%target`` in effect, else the target of the mesh
+    the status shows (one made with ``devices=shardlab.target(...)``); None for this
+    kernel's own devices."""
+    from shardlab.parallel.targets.target import default_target, target_of
+
+    found = default_target()
+    if found is None:
+        from jax.sharding import Mesh
+
+        meshes = [v for k, v in (namespace or {}).items() if isinstance(v, Mesh) and k[:1] != "_"]
+        found = target_of(meshes[-1]) if meshes else None
+    if found is None:
+        return None
+    return {
+        "kind": found.kind,
+        "label": found.label,
+        "count": found.device_count,
+        "description": found.description,
+    }
 
 
 def sharding_text(array: Any) -> str:
@@ -149,6 +172,7 @@ def status_record(session: ShardlabSession, *, details: bool = True) -> dict[str
         },
         "bytes_per_device": bytes_per_device,
         "mesh": mesh_shape(namespace),
+        "target": target_info(namespace),
         "largest_arrays": largest_arrays(namespace) if details else [],
         "history": [
             {

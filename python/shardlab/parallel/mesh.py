@@ -26,7 +26,8 @@ def mesh(
         axes: ``{name: size}`` in major-to-minor order, e.g. ``{"data": 2, "model": 4}``.
         shape: axis sizes, with ``names``, as an alternative to ``axes``.
         names: axis names for ``shape``.
-        devices: the devices to use (default: ``jax.devices()``), or a ``shardlab.target``:
+        devices: the devices to use (default: the kernel's ``%target`` when one is set, else
+            ``jax.devices()``), or a ``shardlab.target``:
             the axes are laid over its hosts or slices, the last axes innermost (inside a
             host's NVLink or a slice's ICI), and programs over the mesh are compiled by the
             target's compiler (``parallel/targets/``).
@@ -61,6 +62,10 @@ def mesh(
     for name, size in zip(names, shape, strict=True):
         if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 1:
             raise ValueError(f"mesh axis {name!r} needs a positive int size, got {size!r}")
+    if devices is None:  # the kernel's %target, when one is set
+        from shardlab.parallel.targets.target import default_target
+
+        devices = default_target()
     target = _as_target(devices)
     pool = list(jax.devices() if devices is None else target.devices if target else devices)
     need = math.prod(shape)

@@ -70,6 +70,17 @@ def _prepare_cuda() -> None:
     os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
 
+def _prepare_tpu() -> None:
+    """libtpu takes a machine-wide lock (``/tmp/libtpu_lockfile``) when it loads, meant to
+    keep two processes off the same TPU chips; here there are none, and a notebook's kernel,
+    a second notebook and the test workers each describe slices. Without TPUs attached
+    (``/dev/accel*``, ``/dev/vfio``) the lock is skipped, as libtpu allows
+    (``ALLOW_MULTIPLE_LIBTPU_LOAD``)."""
+    if any(os.path.exists(p) for p in ("/dev/accel0", "/dev/vfio/0")):
+        return
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
 def gpu_target_config(spec: TargetSpec) -> str:
     """The XLA GPU target description of the kind (package data)."""
     return (_SPECS / spec.kind.spec_file).read_text()
@@ -89,6 +100,8 @@ def target_devices(spec: TargetSpec) -> tuple[Any, ...]:
         raise TargetError(missing)
     if kind.platform == "cuda":
         _prepare_cuda()
+    else:
+        _prepare_tpu()
     try:
         with quiet_native_stderr():  # libtpu's notes about the TPUs this machine has not
             topo = _describe(spec)
@@ -119,6 +132,12 @@ def _describe(spec: TargetSpec) -> Any:
 def _explain(spec: TargetSpec, error: BaseException) -> str:
     kind = spec.kind
     text = re.sub(r"\s+", " ", str(error)).strip()[:300]
+    if "libtpu multi-process lockfile" in text:
+        return (
+            "another process holds libtpu's lock (/tmp/libtpu_lockfile) and this one loaded "
+            f"libtpu before shardlab could allow sharing it ({text}); restart this kernel, or "
+            "set ALLOW_MULTIPLE_LIBTPU_LOAD=1 before libtpu loads"
+        )
     if kind.platform == "tpu":
         shape = spec.topology.split(":", 1)[1]
         return (

@@ -19,7 +19,16 @@ from shardlab.parallel.targets import layout
 from shardlab.parallel.targets.catalog import TargetSpec, describe_spec, parse_target
 from shardlab.parallel.targets.devices import target_devices
 
-__all__ = ["Target", "TargetRunError", "refuse_to_run", "target", "target_mesh", "target_of"]
+__all__ = [
+    "Target",
+    "TargetRunError",
+    "default_target",
+    "refuse_to_run",
+    "target",
+    "target_mesh",
+    "target_of",
+    "use_target",
+]
 
 
 class TargetRunError(RuntimeError):
@@ -79,6 +88,20 @@ class Target(_Record):
 
 
 _MADE: dict[TargetSpec, Target] = {}
+_DEFAULT: list[Target] = []  # the kernel's %target: what shardlab.mesh(...) lays axes over
+
+
+def use_target(t: Target | None) -> None:
+    """Makes ``shardlab.mesh(...)`` without ``devices=`` lay its axes over ``t`` (the
+    kernel's ``%target``); ``None``: back to this process's devices."""
+    _DEFAULT.clear()
+    if t is not None:
+        _DEFAULT.append(t)
+
+
+def default_target() -> Target | None:
+    """The target set by :func:`use_target`, if any."""
+    return _DEFAULT[-1] if _DEFAULT else None
 
 
 def target(
