@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
+
+if TYPE_CHECKING:
+    from shardlab.parallel.targets.target import Target
 
 
 def mesh(
@@ -17,7 +20,7 @@ def mesh(
     *,
     shape: Sequence[int] | None = None,
     names: Sequence[str] | None = None,
-    devices: Sequence[Any] | None = None,
+    devices: Sequence[Any] | Target | None = None,
     **axis_sizes: int,
 ) -> Mesh:
     """A ``jax.sharding.Mesh`` with Auto axes over the current (or given) devices.
@@ -67,7 +70,12 @@ def mesh(
 
         devices = default_target()
     target = _as_target(devices)
-    pool = list(jax.devices() if devices is None else target.devices if target else devices)
+    if target is not None:
+        pool = list(target.devices)
+    elif devices is None:
+        pool = list(jax.devices())
+    else:
+        pool = list(cast("Sequence[Any]", devices))
     need = math.prod(shape)
     if need != len(pool):
         raise ValueError(
