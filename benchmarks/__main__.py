@@ -17,7 +17,17 @@ import platform
 import sys
 import time
 
-SECTIONS = ("kernel", "fidelity", "editor", "search", "corpus", "graph", "ranking", "budgets")
+SECTIONS = (
+    "kernel",
+    "fidelity",
+    "editor",
+    "search",
+    "corpus",
+    "graph",
+    "ranking",
+    "budgets",
+    "targets",
+)
 MODULES = {  # the rest: benchmarks.<name>
     "corpus": "benchmarks.corpus.section",
     "graph": "benchmarks.graph_suite",

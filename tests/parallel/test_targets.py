@@ -274,3 +274,41 @@ def test_two_processes_describe_tpu_slices_at_once():
     )
     assert other.returncode == 0, other.stderr[-2000:]
     assert other.stdout.strip() == "8"
+
+
+def test_a_search_on_a_target_must_fit_the_devices_memory():
+    _needs("cuda")
+    from shardlab.parallel.errors import SearchError
+
+    t = shardlab.target("h100", hosts=1, gpus_per_host=1)
+    mesh = shardlab.mesh(data=1, devices=t)
+    w = jax.ShapeDtypeStruct((220_000, 220_000), jnp.bfloat16)  # 90 GiB: more than an H100
+    x = jax.ShapeDtypeStruct((8, 220_000), jnp.bfloat16)
+
+    def step(w, x):
+        return w - 0.1 * jax.grad(lambda w: (x @ w).sum())(w)
+
+    with pytest.raises(SearchError, match="memory_budget"):
+        shardlab.search(step, w, x, mesh=mesh)
+    # a budget the user gives wins over the device's
+    plan = shardlab.search(step, w, x, mesh=mesh, memory_budget=10 * 2**40, confirm=False)
+    assert plan.cost.memory.peak > 80 * 2**30
+
+
+def test_the_llama_example_counts_its_parameters_and_trains_when_small():
+    from shardlab.examples.llama import LLAMA_8B, LLAMA_70B, LLAMA_TINY, llama
+
+    # Llama 3.1's published sizes: 8.03B and 70.6B parameters
+    assert round(LLAMA_8B.parameter_count() / 1e9, 2) == 8.03
+    assert round(LLAMA_70B.parameter_count() / 1e9, 1) == 70.6
+    abstract = llama(LLAMA_8B, batch=2, seq=16)
+    leaves = jax.tree.leaves(abstract.args)
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+    assert sum(x.size for x in jax.tree.leaves(abstract.args[0])) == LLAMA_8B.parameter_count()
+    case = llama(LLAMA_TINY, batch=4, seq=16, abstract=False, dtype=jnp.float32)
+    params, momentum, batch = case.args
+    step = jax.jit(case.fn)
+    loss0 = step(params, momentum, batch)[2]
+    for _ in range(3):
+        params, momentum, loss = step(params, momentum, batch)
+    assert float(loss) < float(loss0)  # it learns

@@ -47,6 +47,7 @@ from shardlab.parallel.search.space.build import build_space
 from shardlab.parallel.search.space.scan_ties import tie_scan_choices
 from shardlab.parallel.search.strategies.mix import choose, remat_specs, unreachable
 from shardlab.parallel.search.strategies.stages import PipelineChoice, choose_pipeline
+from shardlab.parallel.targets.target import target_of
 
 METHODS = ("auto", "propagate", "recursive", "ilp")
 ILP_MAX_VARIABLES = 20_000
@@ -108,7 +109,8 @@ def search(
             or ``{(0, "w1"): ...}``; fixed, the rest is searched.
         memory_budget: bytes per device the plan must fit (parameters, optimizer state,
             activations and temporaries, as the memory model estimates them; checked by
-            compiling when ``verify_budget``).
+            compiling when ``verify_budget``). On a mesh over a ``shardlab.target`` it is the
+            device's memory (the target profile's HBM) unless given.
         device: a device profile (name or ``DeviceProfile``) for the cost model.
         progress: ``callback(fraction, message)``; raising ``KeyboardInterrupt`` from it (or
             pressing interrupt) returns the best plan so far with ``complete=False``.
@@ -150,6 +152,8 @@ def search(
     report(0.0, "tracing")
     problem = Problem(trace(fn, *args), mesh, resolve_profile(device, mesh))
     traced, graph, sizes, profile = problem.traced, problem.graph, problem.sizes, problem.profile
+    if memory_budget is None and target_of(mesh) is not None:  # real devices hold so much
+        memory_budget = float(profile.memory_bytes)
     fixed = resolve_annotations(annotations, fn, traced.dynamic_args, mesh)
     n_batch = traced.arg_of_leaf.count(len(args) - 1) if len(args) > 1 else 0
     report(0.1, f"{len(graph.nodes)} equations traced")
