@@ -22,9 +22,9 @@ cells = [
         "from shardlab.examples.llama import LlamaConfig, llama\n"
         "from shardlab.parallel.targets.target import mesh_layout\n"
         "print(len(jax.devices()), jax.devices()[0].platform, 'devices in this kernel')\n"
-        "config = LlamaConfig('llama-small', layers=4, d=1024, heads=16, kv_heads=4, ffn=4096,"
-        " vocab=32000)\n"
-        "case = llama(config, batch=64, seq=512)  # bf16, abstract\n"
+        "config = LlamaConfig('llama-small', layers=2, d=512, heads=8, kv_heads=2, ffn=2048,"
+        " vocab=8192)\n"
+        "case = llama(config, batch=64, seq=256)  # bf16, abstract\n"
         "print(f'{config.parameter_count() / 1e6:.0f}M parameters; arguments:',"
         " type(case.args[0]['embed']).__name__)"
     ),

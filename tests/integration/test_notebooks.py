@@ -224,3 +224,43 @@ def test_memory_budget_notebook_shows_its_story(executed_notebook):
     assert "sl-memory" in html and html.count("sl-timeline-view") >= 2
     assert "sl-pipeline" in html
     assert all(f">stage {s}</text>" in html for s in range(4))
+
+
+def test_plan_a_cluster_notebook_shows_its_story(executed_notebook):
+    """07: a Llama-style step planned for 64 H100s and a v5p slice from 8 CPU devices, each
+    compiled by its own compiler, with the collectives that leave a host named, and the plan
+    exported and refused to run here."""
+    from shardlab.parallel.targets.devices import compiler_missing
+
+    for platform in ("cuda", "tpu"):
+        if compiler_missing(platform) is not None:
+            import os
+
+            if os.environ.get("CI"):
+                pytest.fail(compiler_missing(platform))
+            pytest.skip(compiler_missing(platform))
+    path = next(p for p in NOTEBOOKS if p.name == "07_plan_a_cluster.ipynb")
+    notebook = executed_notebook(path.name)
+    code = [c for c in notebook.cells if c.cell_type == "code"]
+    errors = [(c.source, o) for c in code for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors
+    text = "\n".join(stream_text(c) for c in code)
+    assert "8 cpu devices in this kernel" in text
+    assert "target: 64 × H100 SXM (8 hosts × 8, NVLink within a host, InfiniBand across)" in text
+    assert "data across 8 hosts; model within a host" in text
+    found = re.search(r"per device: predicted ([\d.]+) GiB, compiled ([\d.]+) GiB of 80 GiB", text)
+    assert found, text
+    predicted, compiled = float(found.group(1)), float(found.group(2))
+    assert 0 < compiled < 80 and 0.5 < predicted / compiled < 2
+    rows = re.findall(
+        r"^(all-\S+|reduce-scatter|collective-permute)\s+(\S+)\s.*MiB\s+(crosses hosts|within a host)",
+        text,
+        re.M,
+    )
+    assert rows, text
+    for _, axes, where in rows:  # a collective leaves a host exactly when it spans data
+        assert (where == "crosses hosts") == ("data" in axes.split("×")), (axes, where)
+    assert "target: 64 × TPU v5p (slice 4x4x4, 16 hosts, ICI within a slice)" in text
+    assert "data within a slice; model within a slice (ICI within a slice)" in text
+    assert "mesh = shardlab.mesh(data=8, model=8)" in text
+    assert "TargetRunError : running a plan needs the devices themselves" in text

@@ -58,6 +58,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from shardlab._core.source import is_own_file
 from shardlab.parallel.cost.profiles import wire_bytes
 from shardlab.parallel.mesh import axes_of_groups
 from shardlab.parallel.records import COLLECTIVE_KINDS, Collective
@@ -559,13 +560,18 @@ def _kind(instr: _Instr, by_name: Mapping[str, _Instr]) -> tuple[str | None, _In
 
 
 def _source(rest: str, sources: Mapping[int, str]) -> str:
+    """The user's ``file:line`` in an instruction's metadata; "" when there is none, or when
+    it is shardlab's own (a collective the partitioner made for the program as a whole
+    carries the line that compiled it, not a line of the model)."""
     f, ln = _SRC_FILE_RE.search(rest), _SRC_LINE_RE.search(rest)
+    found = ""
     if f and ln:
-        return f"{f.group(1)}:{ln.group(1)}"
-    frame = _FRAME_RE.search(rest)
-    if frame:
-        return sources.get(int(frame.group(1)), "")
-    return ""
+        found = f"{f.group(1)}:{ln.group(1)}"
+    else:
+        frame = _FRAME_RE.search(rest)
+        if frame:
+            found = sources.get(int(frame.group(1)), "")
+    return "" if found and is_own_file(found.rpartition(":")[0]) else found
 
 
 def primitive_of(op_name: str) -> str:

@@ -202,7 +202,8 @@ class TargetLayout:
                 parts.append(f"{name} across {o} {self.target.granule}s")
             else:
                 parts.append(f"{name} {i} within × {o} {self.target.granule}s")
-        return f"{'; '.join(parts)} ({kind.within}, {kind.across})"
+        links = f"{kind.within}, {kind.across}" if self.crossing else kind.within
+        return f"{'; '.join(parts)} ({links})"
 
 
 _LAYOUTS: dict[Mesh, TargetLayout] = {}
