@@ -131,3 +131,29 @@ def test_memory_snapshot_names_arrays_and_shardings(mesh24):
     html = MemoryView(snap).html()
     assert html.count("class='sl-bar-row'") == len(jax.devices())
     assert "big" in MemoryView(snap).text()
+
+
+def test_a_layout_over_256_target_devices_fits_one_screen_and_says_where_axes_run():
+    """The mesh of 32 hosts × 8 H100s: the first and last rows drawn, the rest counted, each
+    drawn device in its place; the note says which axis leaves the hosts."""
+    import re
+
+    from jax.sharding import PartitionSpec as P
+
+    import shardlab
+    from shardlab.parallel.targets.devices import compiler_missing
+
+    if compiler_missing("cuda") is not None:
+        pytest.skip(compiler_missing("cuda"))
+    mesh = shardlab.mesh(data=32, model=8, devices=shardlab.target("h100", hosts=32))
+    view = shardlab.show((8192, 4096), P("data", "model"), mesh=mesh, dtype="bfloat16")
+    html = view.html()
+    drawn = [int(d) for d in re.findall(r"class='sl-device' data-device='(\d+)'", html)]
+    assert drawn == [*range(9 * 8), *range(30 * 8, 32 * 8)]  # rows 0-8 and 30-31
+    assert "not drawn: data 9–29" in html
+    height = int(re.search(r"<svg class='sl-mesh' width='\d+' height='(\d+)'", html).group(1))
+    assert height < 400
+    note = "256 × H100 SXM: data across 32 hosts; model within a host"
+    assert note in html and note in view.text()
+    replicated = shardlab.show((4096, 4096), P(None, "model"), mesh=mesh).text()
+    assert "(32 devices)" in replicated and len(replicated.splitlines()) < 16

@@ -108,38 +108,74 @@ def _svg_rect(
     )
 
 
+MESH_ROWS = 12  # a mesh with more rows shows the first and last ones, the rest summed up
+MESH_COLS = 16
+
+
+def _shown(n: int, limit: int) -> list[int | None]:
+    """Indices drawn along a side of ``n``: all of them, or the first ones, a gap (None) and
+    the last two, so that a mesh of thousands of devices stays on one screen."""
+    if n <= limit:
+        return list(range(n))
+    head = limit - 3
+    return [*range(head), None, n - 2, n - 1]
+
+
 def _mesh_svg(record: TileMap) -> str:
-    """The mesh: each device coloured by the tile it holds (same colour = same data)."""
+    """The mesh: each device coloured by the tile it holds (same colour = same data). Rows
+    are the first mesh axis, columns the others; beyond ``MESH_ROWS`` × ``MESH_COLS`` the
+    middle rows (columns) are left out and counted, every drawn device keeps its place."""
     sizes = [size for _, size in record.mesh_axes]
     names = [name for name, _ in record.mesh_axes]
     rows = sizes[0] if len(sizes) >= 2 else 1
     cols = math.prod(sizes[1:]) if len(sizes) >= 2 else sizes[0]
-    group_of: dict[tuple[int, ...], tuple[int, int]] = {}
+    group_of: dict[tuple[int, int], tuple[int, int, tuple[int, ...]]] = {}
     for group, tile in enumerate(record.tiles):
         for device, coords in zip(tile.devices, tile.mesh_coords, strict=True):
-            group_of[coords] = (group, device)
+            r = coords[0] if len(coords) >= 2 else 0
+            rest = coords[1:] if len(coords) >= 2 else coords
+            c = 0
+            for index, extent in zip(rest, sizes[1:] if len(sizes) >= 2 else sizes, strict=True):
+                c = c * extent + index
+            group_of[(r, c)] = (group, device, coords)
+    shown_rows, shown_cols = _shown(rows, MESH_ROWS), _shown(cols, MESH_COLS)
     size = 26
     parts = []
-    for coords, (group, device) in group_of.items():
-        r = coords[0] if len(coords) >= 2 else 0
-        rest = coords[1:] if len(coords) >= 2 else coords
-        c = 0
-        for index, extent in zip(rest, sizes[1:] if len(sizes) >= 2 else sizes, strict=True):
-            c = c * extent + index
-        where = ", ".join(f"{n}={i}" for n, i in zip(names, coords, strict=True))
-        parts.append(
-            f"<g class='sl-device' data-device='{device}'><title>device {device} ({where})"
-            f"</title><rect x='{c * size}' y='{r * size}' width='{size - 2}' height='{size - 2}'"
-            f" rx='3' fill='{color(group)}' fill-opacity='0.75' stroke='#333' "
-            f"stroke-width='0.5'/><text x='{c * size + (size - 2) / 2}' "
-            f"y='{r * size + size / 2 + 2}' text-anchor='middle' font-size='10'>{device}</text></g>"
-        )
+    for y, r in enumerate(shown_rows):
+        for x, c in enumerate(shown_cols):
+            if r is None or c is None:
+                if (r is None and x == 0) or (c is None and y == 0):
+                    hidden = rows - len(shown_rows) + 1 if r is None else cols - len(shown_cols) + 1
+                    what = names[0] if r is None else " × ".join(names[1:]) or names[0]
+                    parts.append(
+                        f"<text class='sl-gap' x='{x * size + 2}' y='{y * size + 16}' "
+                        f"font-size='10' fill='#555'>{'⋮' if r is None else '…'}"
+                        f"<title>{hidden} more {esc(what)} {'rows' if r is None else 'columns'}"
+                        "</title></text>"
+                    )
+                continue
+            group, device, coords = group_of[(r, c)]
+            where = ", ".join(f"{n}={i}" for n, i in zip(names, coords, strict=True))
+            parts.append(
+                f"<g class='sl-device' data-device='{device}'><title>device {device} ({where})"
+                f"</title><rect x='{x * size}' y='{y * size}' width='{size - 2}' "
+                f"height='{size - 2}' rx='3' fill='{color(group)}' fill-opacity='0.75' "
+                f"stroke='#333' stroke-width='0.5'/><text x='{x * size + (size - 2) / 2}' "
+                f"y='{y * size + size / 2 + 2}' text-anchor='middle' font-size='10'>{device}"
+                "</text></g>"
+            )
     axis_text = " × ".join(f"{n}={s}" for n, s in record.mesh_axes)
+    left_out = []
+    if len(shown_rows) < rows:
+        left_out.append(f"{names[0]} {len(shown_rows) - 3}–{rows - 3}")
+    if len(shown_cols) < cols:
+        left_out.append(f"columns {len(shown_cols) - 3}–{cols - 3}")
+    note = f" (not drawn: {', '.join(left_out)})" if left_out else ""
+    height = len(shown_rows) * size
     return (
-        f"<svg class='sl-mesh' width='{max(cols * size, 8 * len(axis_text) + 40)}' "
-        f"height='{rows * size + 14}'>"
-        f"{''.join(parts)}<text x='0' y='{rows * size + 11}' font-size='10'>mesh {esc(axis_text)}"
-        f"</text></svg>"
+        f"<svg class='sl-mesh' width='{max(len(shown_cols) * size, 7 * len(axis_text + note) + 40)}'"
+        f" height='{height + 14}'>{''.join(parts)}<text x='0' y='{height + 11}' font-size='10'>"
+        f"mesh {esc(axis_text)}{esc(note)}</text></svg>"
     )
 
 
@@ -161,6 +197,8 @@ class LayoutView(View):
             f"shard {list(r.shard_shape)} = {fmt_bytes(r.shard_bytes)} per device; "
             f"{len(r.tiles)} distinct tile(s)",
         ]
+        if r.placement:
+            lines.append(r.placement)
         copies = math.prod(dict(r.mesh_axes)[a] for a in r.replicated_axes)
         if math.prod(s for _, s in r.mesh_axes) == 1:
             lines.append("1 device: the whole array on it")
@@ -168,7 +206,9 @@ class LayoutView(View):
             lines.append(f"replicated over {', '.join(r.replicated_axes)} ({copies} copies)")
         for tile in r.tiles[:16]:
             index = ", ".join(f"{a}:{b}" for a, b in tile.index)
-            lines.append(f"  [{index}] on devices {list(tile.devices)}")
+            on = list(tile.devices)
+            shown = f"{on}" if len(on) <= 16 else f"{on[:8]} … {on[-2:]} ({len(on)} devices)"
+            lines.append(f"  [{index}] on devices {shown}")
         if len(r.tiles) > 16:
             lines.append(f"  ... {len(r.tiles) - 16} more tiles")
         return "\n".join(lines)
@@ -194,6 +234,7 @@ class LayoutView(View):
             f"{esc(list(r.shape))}</code> <code>{esc(r.spec)}</code> — shard "
             f"<code>{esc(list(r.shard_shape))}</code>, {fmt_bytes(r.shard_bytes)} per device "
             f"(total {fmt_bytes(r.total_bytes)})</div><div class='sl-note'>{replicated}</div>"
+            + (f"<div class='sl-note sl-placement'>{esc(r.placement)}</div>" if r.placement else "")
         )
         if len(r.tiles) > MAX_TILES:
             body = (

@@ -44,6 +44,9 @@ class TileMap(_Record):
         replicated_axes: mesh axes the array is not split over (each tile is copied along them).
         shard_shape: the shape every device holds.
         tiles: the distinct tiles, in index order.
+        placement: for a mesh over a ``shardlab.target``: the target and where each axis
+            runs (``64 × H100 SXM: data across 8 hosts; model within a host (NVLink …)``);
+            "" otherwise.
     """
 
     shape: tuple[int, ...]
@@ -55,6 +58,7 @@ class TileMap(_Record):
     replicated_axes: tuple[str, ...]
     shard_shape: tuple[int, ...]
     tiles: tuple[Tile, ...]
+    placement: str = ""
 
     @property
     def shard_bytes(self) -> int:
@@ -119,7 +123,19 @@ def tile_map(
         replicated_axes=tuple(name for name, _ in axes if name not in used),
         shard_shape=tuple(sharding.shard_shape(shape)),
         tiles=tiles,
+        placement=_placement(mesh),
     )
+
+
+def _placement(mesh: Any) -> str:
+    """Where a target mesh's axes run, for people; "" for this process's devices."""
+    from shardlab.parallel.targets.target import mesh_layout
+
+    layout = mesh_layout(mesh)
+    if layout is None:
+        return ""
+    t = layout.target
+    return f"{t.device_count} × {t.label}: {layout.describe()}"
 
 
 def tile_map_of(array: jax.Array) -> TileMap:
