@@ -157,3 +157,29 @@ def test_a_layout_over_256_target_devices_fits_one_screen_and_says_where_axes_ru
     assert note in html and note in view.text()
     replicated = shardlab.show((4096, 4096), P(None, "model"), mesh=mesh).text()
     assert "(32 devices)" in replicated and len(replicated.splitlines()) < 16
+
+
+def test_commgraph_on_a_target_says_which_collectives_leave_a_host():
+    from jax.sharding import PartitionSpec as P
+
+    import shardlab
+    from shardlab.parallel.targets.devices import compiler_missing
+
+    if compiler_missing("cuda") is not None:
+        pytest.skip(compiler_missing("cuda"))
+    mesh = shardlab.mesh(data=2, model=8, devices=shardlab.target("h100", hosts=2))
+    w = jax.ShapeDtypeStruct((512, 1024), jax.numpy.bfloat16)
+    x = jax.ShapeDtypeStruct((64, 512), jax.numpy.bfloat16)
+    view = shardlab.commgraph(
+        jax.grad(lambda w, x: jax.numpy.tanh(x @ w).sum()),
+        w,
+        x,
+        mesh=mesh,
+        in_shardings=(P(None, "model"), P("data", None)),
+    )
+    note = (
+        "16 × H100 SXM: data across 2 hosts; model within a host (NVLink within a host, "
+        "InfiniBand across); collectives over data cross hosts (InfiniBand)"
+    )
+    assert note in view.html() and note in view.text()
+    assert [c.mesh_axes for c in view.actual.collectives] == [("data",)]

@@ -18,6 +18,7 @@ from typing import Any
 from shardlab._core.views import register_view
 from shardlab.parallel.plan.plan import Plan
 from shardlab.parallel.records import COLLECTIVE_KINDS, Collective, CostBreakdown, Report
+from shardlab.parallel.targets.target import placement_note
 from shardlab.widgets._base.html import (
     KIND_COLORS,
     Raw,
@@ -263,7 +264,8 @@ def commgraph(
             notes.extend(predicted.warnings)
         except Exception as error:  # the compiled figures still stand on their own
             notes.append(f"no prediction: {type(error).__name__}: {error}")
-    return CommGraphView(actual, predicted, notes=notes)
+    placed = placement_note(mesh, collectives=True)
+    return CommGraphView(actual, predicted, notes=[*notes, placed] if placed else notes)
 
 
 def plan_view(plan: Plan) -> CommGraphView:
@@ -274,6 +276,9 @@ def plan_view(plan: Plan) -> CommGraphView:
     except Exception as error:  # the prediction still stands on its own
         actual = None
         notes.append(f"not compiled: {type(error).__name__}: {error}")
+    placed = placement_note(plan.mesh, collectives=True)
+    if placed:
+        notes.append(placed)
     return CommGraphView(actual, plan.cost, title=f"plan ({plan.method})", notes=notes)
 
 

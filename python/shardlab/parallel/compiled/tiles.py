@@ -129,13 +129,9 @@ def tile_map(
 
 def _placement(mesh: Any) -> str:
     """Where a target mesh's axes run, for people; "" for this process's devices."""
-    from shardlab.parallel.targets.target import mesh_layout
+    from shardlab.parallel.targets.target import placement_note
 
-    layout = mesh_layout(mesh)
-    if layout is None:
-        return ""
-    t = layout.target
-    return f"{t.device_count} × {t.label}: {layout.describe()}"
+    return placement_note(mesh)
 
 
 def tile_map_of(array: jax.Array) -> TileMap:

@@ -23,6 +23,7 @@ __all__ = [
     "Target",
     "TargetRunError",
     "default_target",
+    "placement_note",
     "refuse_to_run",
     "target",
     "target_mesh",
@@ -236,3 +237,20 @@ def refuse_to_run(mesh: Mesh, what: str) -> None:
         "memory per device) and plan.to_code() writes it out to run on that machine; to run "
         "it in this process, make the plan again on shardlab.mesh(...) without devices=."
     )
+
+
+def placement_note(mesh: Mesh, *, collectives: bool = False) -> str:
+    """``64 × H100 SXM: data across 8 hosts; model within a host (NVLink …)`` for a mesh
+    over a target ("" for other meshes); with ``collectives``, which of them leave a host or
+    slice."""
+    layout = mesh_layout(mesh)
+    if layout is None:
+        return ""
+    t = layout.target
+    note = f"{t.device_count} × {t.label}: {layout.describe()}"
+    if collectives and layout.crossing:
+        note += (
+            f"; collectives over {', '.join(layout.crossing)} cross {t.granule}s "
+            f"({t.spec.kind.across.removesuffix(' across')})"
+        )
+    return note
