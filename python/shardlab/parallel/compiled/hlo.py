@@ -56,9 +56,8 @@ import math
 import re
 from collections.abc import Mapping
 
-import numpy as np
-
 from shardlab._core.source import is_own_file
+from shardlab.parallel.compiled.replica_groups import parse_replica_groups
 from shardlab.parallel.cost.profiles import wire_bytes
 from shardlab.parallel.mesh import axes_of_groups
 from shardlab.parallel.records import COLLECTIVE_KINDS, Collective
@@ -93,14 +92,6 @@ DTYPE_BYTES = {
 _COMP_RE = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTR_RE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([a-z][a-z0-9\-]*)\((.*)$")
 _ARRAY_RE = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([\d,]*)\]")
-_EXPLICIT_RE = re.compile(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}")
-_IOTA_RE = re.compile(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
-_MESH_RE = re.compile(
-    r"replica_groups=mesh\[([^\]]*)\]"
-    r"(?:,?\s*device_ids=\((\[[\d,]+\](?:<=\[[\d,]+\])?(?:T\([\d,]+\))?|[\d,\s]*)\))?"
-    r"\s*\{([^}]*)\}"
-)
-_PAIRS_RE = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 _CALLS_RE = re.compile(
     r"\b(body|condition|calls|to_apply|true_computation|false_computation)=%?([\w.\-]+)"
 )
@@ -149,80 +140,6 @@ def shape_bytes(type_text: str) -> int:
         size = math.prod(int(d) for d in dims.split(",") if d) if dims else 1
         total += size * DTYPE_BYTES[dtype]
     return total
-
-
-def _iota(dims: list[int], reshape: list[int], perm: list[int] | None) -> np.ndarray:
-    ids = np.arange(math.prod(reshape)).reshape(reshape)
-    if perm:
-        ids = ids.transpose(perm)
-    return ids.reshape(dims)
-
-
-def _ints(text: str) -> list[int]:
-    return [int(t) for t in re.findall(r"\d+", text)]
-
-
-def parse_replica_groups(rest: str, num_partitions: int) -> list[list[int]] | None:
-    """Device groups of one instruction's attribute text, or None when it names none."""
-    m = _EXPLICIT_RE.search(rest)
-    if m:
-        groups = [_ints(g) for g in re.findall(r"\{([\d,\s]*)\}", m.group(1))]
-        groups = [g for g in groups if g]
-        return groups or [list(range(num_partitions))]
-    m = _IOTA_RE.search(rest)
-    if m:
-        dims, reshape = _ints(m.group(1)), _ints(m.group(2))
-        perm = _ints(m.group(3)) if m.group(3) else None
-        return _iota(dims, reshape, perm).tolist()
-    m = _MESH_RE.search(rest)
-    if m:
-        return _mesh_groups(m.group(1), m.group(2), m.group(3))
-    m = _PAIRS_RE.search(rest)
-    if m:
-        return [_ints(p) for p in re.findall(r"\{(\d+,\d+)\}", m.group(1))]
-    return None
-
-
-def _mesh_groups(axes_text: str, device_ids: str | None, selected: str) -> list[list[int]]:
-    axes = [(n, int(s)) for n, s in re.findall(r"'([^']+)'\s*=\s*(\d+)", axes_text)]
-    sizes = [s for _, s in axes]
-    total = math.prod(sizes)
-    if device_ids and device_ids.strip().startswith("["):
-        m = re.match(r"\[([\d,]+)\](?:<=\[([\d,]+)\])?(?:T\(([\d,]+)\))?", device_ids.strip())
-        assert m is not None
-        dims = _ints(m.group(1))
-        reshape = _ints(m.group(2)) if m.group(2) else dims
-        perm = _ints(m.group(3)) if m.group(3) else None
-        ids = _iota([total], reshape, perm)
-    elif device_ids and device_ids.strip():
-        ids = np.array(_ints(device_ids))
-    else:
-        ids = np.arange(total)
-    # Split every axis into sub-axes where a selection names one ('axis':(pre)size).
-    expanded: list[tuple[str, int]] = []
-    chosen: list[int] = []
-    subs = {
-        name: (int(pre), int(size))
-        for name, pre, size in re.findall(r"'([^']+)':\((\d+)\)(\d+)", selected)
-    }
-    whole = {n for n in re.findall(r"'([^']+)'(?!:\()", selected)}
-    for name, size in axes:
-        if name in subs:
-            pre, sub = subs[name]
-            parts = [(f"{name}.pre", pre), (name, sub), (f"{name}.post", size // (pre * sub))]
-            for part_name, part_size in parts:
-                if part_name == name:
-                    chosen.append(len(expanded))
-                expanded.append((part_name, part_size))
-        else:
-            if name in whole:
-                chosen.append(len(expanded))
-            expanded.append((name, size))
-    grid = ids.reshape([s for _, s in expanded])
-    others = [i for i in range(len(expanded)) if i not in chosen]
-    group_size = math.prod(expanded[i][1] for i in chosen)
-    moved = np.transpose(grid, others + chosen).reshape(-1, group_size)
-    return moved.tolist()
 
 
 def _parse(hlo_text: str) -> _Module:
