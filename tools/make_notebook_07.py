@@ -64,11 +64,16 @@ cells = [
         '    print(f\'{kind:<18} {"×".join(axes) or "-":<11} {nbytes / 2**20:9.1f} MiB  '
         "{where:<14} {line}')"
     ),
-    md("## The layout of one weight over 64 GPUs"),
+    md(
+        "## The layout of one argument over 64 GPUs\n"
+        "The argument the plan splits over the most mesh axes, drawn over the 64 devices (this "
+        "small model's weights are copied on every device: the plan splits the batch)."
+    ),
     code(
-        "wq = plan.in_shardings[0]['layers']['wq']\n"
-        "shardlab.show(case.args[0]['layers']['wq'].shape, wq.spec, mesh=mesh, "
-        "dtype='bfloat16', name='layers.wq')"
+        "leaves, specs = jax.tree.leaves(case.args), jax.tree.leaves(plan.in_shardings)\n"
+        "i = max(range(len(specs)), key=lambda i: sum(a is not None for a in specs[i].spec))\n"
+        "shardlab.show(leaves[i].shape, specs[i].spec, mesh=mesh, dtype=leaves[i].dtype,\n"
+        "              name=plan.input_labels[i])"
     ),
     md(
         "## The same model on a TPU v5p slice (4x4x4: 64 chips)\n"
