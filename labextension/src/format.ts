@@ -5,40 +5,9 @@
  */
 
 import type { IDeviceInfo, IShardlabStatus, ITargetInfo } from './protocol';
+import { formatBytes, formatDuration } from './units';
 
-const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
-
-/** Bytes in binary units, as the kernel prints them: "512 B", "12.0 MiB". */
-export function formatBytes(bytes: number): string {
-  if (!Number.isFinite(bytes)) {
-    return '? B';
-  }
-  let value = bytes;
-  let unit = 0;
-  while (Math.abs(value) >= 1024 && unit < UNITS.length - 1) {
-    value /= 1024;
-    unit++;
-  }
-  return unit === 0 ? `${Math.round(value)} B` : `${value.toFixed(1)} ${UNITS[unit]}`;
-}
-
-/** A duration for a badge: "850 µs", "12 ms", "1.2 s", "3 min 5 s". */
-export function formatDuration(seconds: number | null): string {
-  if (seconds === null || !Number.isFinite(seconds) || seconds < 0) {
-    return '';
-  }
-  if (seconds < 1e-3) {
-    return `${Math.round(seconds * 1e6)} µs`;
-  }
-  if (seconds < 1) {
-    return `${Math.round(seconds * 1e3)} ms`;
-  }
-  if (seconds < 60) {
-    return `${seconds.toFixed(seconds < 10 ? 1 : 0)} s`;
-  }
-  const minutes = Math.floor(seconds / 60);
-  return `${minutes} min ${Math.round(seconds - minutes * 60)} s`;
-}
+export { formatBytes, formatDuration };
 
 /** The device set: "8 × CPU", "2 × NVIDIA H100 80GB HBM3", "4 × GPU (A100, H100)". */
 export function deviceText(devices: IDeviceInfo): string {

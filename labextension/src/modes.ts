@@ -4,7 +4,7 @@
  * JupyterLab imports (unit-tested in node, labextension/test/modes.test.ts).
  */
 
-import { formatDuration } from './format';
+import { formatDuration } from './units';
 
 export const MODES = ['eager', 'jit', 'graph'] as const;
 export type Mode = (typeof MODES)[number];
