@@ -193,7 +193,8 @@ class TargetLayout:
         return tuple(n for n, o in zip(self.names, self.outer, strict=True) if o > 1)
 
     def describe(self) -> str:
-        """``model within a host (NVLink); data 8 across hosts × 1 within (InfiniBand)``."""
+        """``data across 8 hosts; model within a host (NVLink within a host, InfiniBand
+        across)``; an axis split both ways reads ``data 2 within × 8 hosts``."""
         kind = self.target.spec.kind
         parts = []
         for name, i, o in zip(self.names, self.inner, self.outer, strict=True):
