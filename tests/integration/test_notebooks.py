@@ -230,15 +230,9 @@ def test_plan_a_cluster_notebook_shows_its_story(executed_notebook):
     """07: a Llama-style step planned for 64 H100s and a v5p slice from 8 CPU devices, each
     compiled by its own compiler, with the collectives that leave a host named, and the plan
     exported and refused to run here."""
-    from shardlab.parallel.targets.devices import compiler_missing
+    from compilers import needs
 
-    for platform in ("cuda", "tpu"):
-        if compiler_missing(platform) is not None:
-            import os
-
-            if os.environ.get("CI"):
-                pytest.fail(compiler_missing(platform))
-            pytest.skip(compiler_missing(platform))
+    needs("cuda", "tpu")
     path = next(p for p in NOTEBOOKS if p.name == "07_plan_a_cluster.ipynb")
     notebook = executed_notebook(path.name)
     code = [c for c in notebook.cells if c.cell_type == "code"]

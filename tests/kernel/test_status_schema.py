@@ -187,11 +187,9 @@ def test_a_broken_record_is_rejected(full, change):
 
 
 def test_a_record_planning_for_a_target_is_valid(shell, full):
-    from shardlab.parallel.targets.devices import compiler_missing
+    from compilers import needs
 
-    missing = compiler_missing("tpu")
-    if missing is not None:
-        pytest.skip(missing)
+    needs("tpu")
     assert full["target"] is None  # the kernel's own devices
     result = shell.run_cell("%target tpu-v5e topology=2x4")
     assert result.success

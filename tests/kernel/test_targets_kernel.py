@@ -5,21 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from shardlab.parallel.targets.devices import compiler_missing
+from compilers import needs
 
 pytestmark = pytest.mark.kernel
 
 
 @pytest.fixture(autouse=True)
 def _compilers():
-    for platform in ("cuda", "tpu"):
-        missing = compiler_missing(platform)
-        if missing is not None:
-            import os
-
-            if os.environ.get("CI"):
-                pytest.fail(f"CI must install the targets extra: {missing}")
-            pytest.skip(missing)
+    needs("cuda", "tpu")
 
 
 def test_the_first_jax_cell_and_a_tpu_target_print_nothing_to_stderr(kernel):

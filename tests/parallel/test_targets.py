@@ -17,20 +17,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardlab
+from compilers import needs as _needs
 from shardlab.parallel.targets.catalog import KINDS, TargetError, parse_target
-from shardlab.parallel.targets.devices import compiler_missing
 from shardlab.parallel.targets.layout import split_axes
 from shardlab.parallel.targets.target import mesh_layout, target_of
-
-
-def _needs(platform: str) -> None:
-    missing = compiler_missing(platform)
-    if missing is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"CI must install the targets extra: {missing}")
-    pytest.skip(missing)
-
 
 # -- validation, no compiler ---------------------------------------------------------------
 

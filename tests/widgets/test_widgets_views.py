@@ -141,10 +141,9 @@ def test_a_layout_over_256_target_devices_fits_one_screen_and_says_where_axes_ru
     from jax.sharding import PartitionSpec as P
 
     import shardlab
-    from shardlab.parallel.targets.devices import compiler_missing
+    from compilers import needs
 
-    if compiler_missing("cuda") is not None:
-        pytest.skip(compiler_missing("cuda"))
+    needs("cuda")
     mesh = shardlab.mesh(data=32, model=8, devices=shardlab.target("h100", hosts=32))
     view = shardlab.show((8192, 4096), P("data", "model"), mesh=mesh, dtype="bfloat16")
     html = view.html()
@@ -163,10 +162,9 @@ def test_commgraph_on_a_target_says_which_collectives_leave_a_host():
     from jax.sharding import PartitionSpec as P
 
     import shardlab
-    from shardlab.parallel.targets.devices import compiler_missing
+    from compilers import needs
 
-    if compiler_missing("cuda") is not None:
-        pytest.skip(compiler_missing("cuda"))
+    needs("cuda")
     mesh = shardlab.mesh(data=2, model=8, devices=shardlab.target("h100", hosts=2))
     w = jax.ShapeDtypeStruct((512, 1024), jax.numpy.bfloat16)
     x = jax.ShapeDtypeStruct((64, 512), jax.numpy.bfloat16)
