@@ -206,6 +206,26 @@ def test_without_the_compiler_a_target_names_the_pip_command(monkeypatch):
         shardlab.target("tpu-v6e", topology="4x8")
 
 
+@pytest.mark.parametrize(
+    ("kind", "kwargs", "shape"),
+    [
+        ("h100", {"hosts": 4}, {"data": 2, "fsdp": 4, "model": 4}),
+        ("tpu-v5e", {"topology": "4x4"}, {"data": 4, "model": 4}),
+        ("tpu-v5e", {"topology": "2x4", "slices": 2}, {"data": 4, "model": 4}),
+    ],
+)
+def test_a_mesh_over_real_accelerators_is_laid_out_as_over_their_target(kind, kwargs, shape):
+    """``plan.to_code()`` writes ``shardlab.mesh(data=..., model=...)``: on the cluster's own
+    GPUs or TPUs (passed here as a plain list of the target's devices, as ``jax.devices()``
+    lists them there) it must lay the axes as the plan was made."""
+    _needs(KINDS[kind].platform)
+    t = shardlab.target(kind, **kwargs)
+    planned = shardlab.mesh(shape, devices=t)
+    on_cluster = shardlab.mesh(shape, devices=list(t.devices))
+    assert [d.id for d in on_cluster.devices.flat] == [d.id for d in planned.devices.flat]
+    assert on_cluster.devices.shape == tuple(shape.values())
+
+
 def test_a_tpu_mesh_inside_a_slice_follows_the_torus():
     _needs("tpu")
     t = shardlab.target("tpu-v5e", topology="4x4")
@@ -232,7 +252,9 @@ def test_predict_and_search_on_a_target_are_priced_by_its_profile_and_compiled_b
     assert plan.cost.device == "h100-nvlink" and plan.cost.comm_time > 0
     report = plan.verify()  # compiled by XLA:GPU: its collectives are async start/done pairs
     assert report.collectives and "all-reduce-start" in report.hlo
-    assert "def " in plan.to_code()
+    code = plan.to_code()
+    assert "step = jax.jit(" in code
+    assert "# planned for 8 × H100 SXM: data within a host; model within a host" in code
     run = plan.jit()
     with pytest.raises(TargetRunError, match=r"plan\.verify\(\).*plan\.to_code\(\)"):
         run(*jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), (params, x)))

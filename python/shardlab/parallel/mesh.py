@@ -37,8 +37,10 @@ def mesh(
         **axis_sizes: keyword form, e.g. ``mesh(data=2, model=4)``.
 
     Returns:
-        The mesh; devices are laid out in ``jax.devices()`` order, row-major (over a
-        target: as ``parallel/targets/layout.py`` says).
+        The mesh. CPU devices are laid out in ``jax.devices()`` order, row-major. Over a
+        target, and over real GPUs or TPUs, as ``parallel/targets/layout.py`` says (the last
+        axes inside a host or slice), so a plan made for a target lays its axes the same way
+        when ``plan.to_code()`` runs on the cluster itself.
 
     Raises:
         ValueError: when the sizes do not multiply to the number of devices (the message
@@ -85,6 +87,12 @@ def mesh(
         from shardlab.parallel.targets.target import target_mesh
 
         return target_mesh(target, names, shape)
+    platform = getattr(pool[0], "platform", "cpu")
+    if platform in ("gpu", "tpu"):  # a real cluster: laid out as over a target of it
+        from shardlab.parallel.targets.layout import place
+
+        placed, _ = place(tuple(shape), pool, platform)
+        return Mesh(placed, tuple(names))
     grid = np.empty(len(pool), dtype=object)
     grid[:] = pool
     return Mesh(grid.reshape(shape), tuple(names))

@@ -60,7 +60,7 @@ from shardlab.parallel.records import (
     _Record,
 )
 from shardlab.parallel.specs import make_spec
-from shardlab.parallel.targets.target import refuse_to_run
+from shardlab.parallel.targets.target import placement_note, refuse_to_run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -394,6 +394,7 @@ class Plan(_Record):
             "from jax.sharding import NamedSharding, PartitionSpec as P",
             "",
             f"mesh = shardlab.mesh({mesh_code(self.mesh_shape)})",
+            *self._placement_comment(),
             "",
             "",
             "def _named(tree):",
@@ -416,6 +417,17 @@ class Plan(_Record):
         )
         lines += self._constraint_comments()
         return "\n".join(lines) + "\n"
+
+    def _placement_comment(self) -> list[str]:
+        """For a plan made over a target: where its axes run there, which is where
+        ``shardlab.mesh`` lays them on the cluster's own GPUs or TPUs (``parallel/mesh.py``)."""
+        note = placement_note(self.binding.mesh) if self.binding is not None else ""
+        if not note:
+            return []
+        return [
+            "# " + comment(f"planned for {note}."),
+            "# " + comment("On that machine shardlab.mesh lays the axes out the same way."),
+        ]
 
     def _constraint_comments(self, limit: int = 8) -> list[str]:
         """The intermediate constraints, by the user's source line (no node numbers)."""
