@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from shardlab._core.units import human_time
 from shardlab._core.views import register_view
 from shardlab.parallel.plan.plan import Plan
 from shardlab.parallel.records import COLLECTIVE_KINDS, Collective, CostBreakdown, Report
@@ -218,8 +219,8 @@ class CommGraphView(View):
             )
         if self.predicted is not None:
             parts.append(
-                f"<div>predicted step: compute {self.predicted.compute_time * 1e3:.3f} ms + "
-                f"communication {self.predicted.comm_time * 1e3:.3f} ms "
+                f"<div>predicted step: compute {human_time(self.predicted.compute_time)} + "
+                f"communication {human_time(self.predicted.comm_time)} "
                 f"({esc(self.predicted.device)})</div>"
             )
         parts.extend(f"<div class='sl-note'>{esc(n)}</div>" for n in self.notes)

@@ -62,6 +62,11 @@ def _array_svg(record: TileMap) -> str:
     parts = []
     groups = _tile_groups(record)
     seen: set[tuple[int, int]] = set()
+    # every tile labelled, or none: a label takes ~6 px a character of 10 px text plus a
+    # margin; where the longest does not fit (hundreds of devices), hover names them
+    longest = max(len(",".join(map(str, t.devices))) for t in record.tiles)
+    cell_w, cell_h = width / len(cols), height / len(rows)
+    labelled = min(longest, 5) * 6 + 4 <= cell_w and cell_h >= 12
     for tile in record.tiles:
         c = cols.index(tile.index[col_dim])
         r = rows.index(tile.index[row_dim]) if row_dim is not None else 0
@@ -71,7 +76,17 @@ def _array_svg(record: TileMap) -> str:
         x0, x1 = width * c / len(cols), width * (c + 1) / len(cols)
         y0, y1 = height * r / len(rows), height * (r + 1) / len(rows)
         parts.append(
-            _svg_rect(x0, y0, x1 - x0, y1 - y0, groups[tile.devices], tile, record, "tile")
+            _svg_rect(
+                x0,
+                y0,
+                x1 - x0,
+                y1 - y0,
+                groups[tile.devices],
+                tile,
+                record,
+                "tile",
+                labelled=labelled,
+            )
         )
     labels = []
     if row_dim is not None:
@@ -90,7 +105,16 @@ def _array_svg(record: TileMap) -> str:
 
 
 def _svg_rect(
-    x: float, y: float, w: float, h: float, group: int, tile: Any, record: TileMap, cls: str
+    x: float,
+    y: float,
+    w: float,
+    h: float,
+    group: int,
+    tile: Any,
+    record: TileMap,
+    cls: str,
+    *,
+    labelled: bool = True,
 ) -> str:
     slices = ", ".join(f"{a}:{b}" for a, b in tile.index)
     devices = ",".join(map(str, tile.devices))
@@ -99,6 +123,8 @@ def _svg_rect(
         f"{fmt_bytes(record.shard_bytes)} per device"
     )
     label = devices if len(devices) <= max(4, int(w / 6)) else f"{len(tile.devices)} dev"
+    if not labelled:
+        label = ""
     return (
         f"<g class='sl-{cls}' data-devices='{devices}'><title>{esc(title)}</title>"
         f"<rect x='{x:.1f}' y='{y:.1f}' width='{w:.1f}' height='{h:.1f}' "
