@@ -13,7 +13,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from shardlab._core.platforms import prefer_cpu_without_accelerators
 from shardlab._version import __version__ as __version__
+
+# With the target compilers installed and no GPU or TPU here, JAX stays on the CPU instead of
+# trying (noisily) to start a CUDA or TPU backend (``_core/platforms.py``).
+prefer_cpu_without_accelerators()
 
 if TYPE_CHECKING:  # the same names for type checkers (``X as X``: re-exported)
     from shardlab import data as data

@@ -242,7 +242,8 @@ def timeline(
     Args:
         plan_or_fn: a ``Plan`` (its function, arguments, mesh and shardings are used) or a
             function, with ``args``, ``mesh`` and ``in_shardings``.
-        measured: also run the program under ``jax.profiler`` and show the measured timeline.
+        measured: also run the program under ``jax.profiler`` and show the measured timeline
+            (not over a ``shardlab.target``: its devices are abstract; a note says so).
         device: the device profile for the model (default: by backend).
 
     A plan with pipeline stages (``plan.pipeline``) is drawn one lane per stage: the pipeline
@@ -258,8 +259,11 @@ def timeline(
     if mesh is None:
         raise ValueError("timeline(fn, *args, mesh=..., in_shardings=...) needs a mesh")
     notes: list[str] = []
-    profile = resolve_profile(device)
+    if device is None and isinstance(plan_or_fn, Plan):
+        device = plan_or_fn.cost.device
+    profile = resolve_profile(device, mesh)
     views = [schedule(fn, *args, mesh=mesh, in_shardings=in_shardings, device=profile)]
+    measured = measured and _measurable(mesh, notes)
     if measured:
         try:
             views.append(measure(fn, *args, mesh=mesh, in_shardings=in_shardings))
@@ -286,11 +290,12 @@ def _pipelined(plan: Plan, *, measured: bool, device: Any) -> TimelineView:
     measured trace (``plan.function()`` runs the pipelined program) with each lane's stage."""
     spec = plan.pipeline
     assert spec is not None and plan.binding is not None
-    profile = resolve_profile(device if device is not None else plan.cost.device)
-    cost = predict_pipeline(plan, spec, device=profile)
     mesh = plan.mesh
+    profile = resolve_profile(device if device is not None else plan.cost.device, mesh)
+    cost = predict_pipeline(plan, spec, device=profile)
     views = [stage_timeline(cost, devices=int(mesh.size))]
     notes: list[str] = []
+    measured = measured and _measurable(mesh, notes)
     if measured:
         try:
             views.append(
@@ -313,6 +318,22 @@ def _pipelined(plan: Plan, *, measured: bool, device: Any) -> TimelineView:
         pipeline=cost,
         stage_of=stage_of_devices(mesh, spec.axis),
     )
+
+
+def _measurable(mesh: Any, notes: list[str]) -> bool:
+    """False, with a note saying so and what to do, for a mesh over a ``shardlab.target``:
+    its devices are abstract, so nothing can run and be measured in this process."""
+    from shardlab.parallel.targets.target import target_of
+
+    t = target_of(mesh)
+    if t is None:
+        return True
+    notes.append(
+        f"nothing measured: the mesh is over {t.description}, devices this process does not "
+        "have. The timeline is the cost model's; to measure one, run plan.to_code() on that "
+        "machine under jax.profiler, or make the plan on shardlab.mesh(...) without devices=."
+    )
+    return False
 
 
 def _platform() -> str:
