@@ -206,3 +206,28 @@ def test_confirm_on_request_and_in_the_background_match_confirming_in_search(mon
     with pytest.raises(shardlab.SearchError, match="'background'"):
         search(case.fn, *case.args, mesh=mesh, confirm="later")
     assert "confirmation" not in Plan.from_json(waited.to_json()).to_dict()
+
+
+def test_a_confirmed_plan_carries_its_compile_and_verify_does_not_compile_it_again(monkeypatch):
+    import dataclasses
+
+    from shardlab.parallel.compiled import analyze as A
+    from shardlab.parallel.plan import plan as plan_module
+
+    case, mesh = examples.mlp(64, 256, train=True), shardlab.mesh(data=2, model=4)
+    plan = search(case.fn, *case.args, mesh=mesh, confirm=True)
+    assert plan.compiled is not None
+    compiles: list[int] = []
+    real = A.analyze
+    monkeypatch.setattr(plan_module, "analyze", lambda *a, **k: compiles.append(1) or real(*a, **k))
+    report = plan.verify()
+    assert compiles == [] and report is plan.compiled[1]
+    # the report is the compile of this program: compiling it afresh gives the same figures
+    fresh = dataclasses.replace(plan, compiled=None).verify()
+    assert compiles == [1]
+    assert fresh.collectives == report.collectives and fresh.memory == report.memory
+    # another program (other layouts, or the plan bound again) is compiled, not looked up
+    other = dataclasses.replace(plan, input_specs=tuple(() for _ in plan.input_specs))
+    other.verify()
+    assert compiles == [1, 1]
+    assert "compiled" not in plan.to_dict()

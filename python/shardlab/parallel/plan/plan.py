@@ -114,6 +114,9 @@ class Plan(_Record):
     # ``search(..., confirm="background")``: the confirmed plan, being compiled
     # (a ``concurrent.futures.Future``); ``confirmed()`` waits for it.
     confirmation: Any = dataclasses.field(default=None, repr=False, compare=False)
+    # The report of a compile of this very program (its layouts, constraints, stages, remat
+    # and binding), made while searching: ``verify()`` returns it instead of compiling again.
+    compiled: tuple[Any, Report] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
     def of_binding(
@@ -272,10 +275,32 @@ class Plan(_Record):
         b = self._bound()
         return [NamedSharding(b.mesh, make_spec(s)) for s in self.input_specs]
 
+    def program_key(self) -> Any:
+        """What decides the compiled program: the layouts, the constraints, the stages and
+        remat, and the function, arguments and mesh it is bound to."""
+        return (
+            self.input_specs,
+            self.output_specs,
+            self.constraints,
+            self.operand_constraints,
+            self.pipeline,
+            self.remat,
+            id(self.binding),
+        )
+
+    def with_compiled(self, report: Report) -> Plan:
+        """This plan carrying ``report``, a compile of exactly this program."""
+        return dataclasses.replace(self, compiled=(self.program_key(), report))
+
     def verify(self) -> Report:
         """Compile the plan and read the actual collectives and per-device memory (on the
-        arguments' shapes: what the example arguments were placed on does not matter)."""
+        arguments' shapes: what the example arguments were placed on does not matter).
+
+        A plan that ``search`` already compiled (to confirm its choice or check the memory
+        budget) returns that compile's report: the same program, compiled once."""
         b = self._bound()
+        if self.compiled is not None and self.compiled[0] == self.program_key():
+            return self.compiled[1]
         with progress_bar("verify") as bar:  # shown after about a second of compiling
             bar(0.1, f"compiling the plan on {mesh_text(self.mesh_shape)}")
             report = analyze(
@@ -476,9 +501,11 @@ class Plan(_Record):
 
     # -- records -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        out = super().to_dict()
-        out.pop("binding", None)
-        out.pop("confirmation", None)
+        # what is bound in this process (function, future, compiled report) is not the plan's
+        unbound = dataclasses.replace(self, binding=None, confirmation=None, compiled=None)
+        out = super(Plan, unbound).to_dict()
+        for name in ("binding", "confirmation", "compiled"):
+            out.pop(name, None)
         out["format"] = FORMAT
         out["cost"] = self.cost.to_dict()
         return out

@@ -41,8 +41,9 @@ same collectives differ in compiled flops by a few fusions, which is no reason t
 
 
 def plan_key(plan: Plan) -> Hashable:
-    """What decides a plan's compiled program: its layouts and constraints."""
-    return (plan.input_specs, plan.output_specs, plan.constraints, plan.operand_constraints)
+    """What decides a plan's compiled program within one search (one binding): its
+    layouts, constraints, stages and remat (``Plan.program_key`` without the binding)."""
+    return plan.program_key()[:-1]
 
 
 def compile_plan(plan: Plan) -> Report:
