@@ -27,6 +27,7 @@ SECTIONS = (
     "ranking",
     "budgets",
     "targets",
+    "target_calls",
 )
 MODULES = {  # the rest: benchmarks.<name>
     "corpus": "benchmarks.corpus.section",

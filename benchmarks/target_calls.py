@@ -46,8 +46,8 @@ def _mlp(batch: int) -> tuple[Callable[..., Any], dict[str, Any], Any]:
     x = jax.ShapeDtypeStruct((batch, 512), jnp.bfloat16)
 
     def step(p, x):
-        g = jax.grad(lambda p: jnp.mean(jnp.tanh(x @ p["w1"]) @ p["w2"]))(p)
-        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+        loss, g = jax.value_and_grad(lambda p: jnp.mean(jnp.tanh(x @ p["w1"]) @ p["w2"]))(p)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g), loss
 
     return step, params, x
 
@@ -174,7 +174,7 @@ def run() -> str:
     lines = [
         "## Targets: every call on every size",
         "",
-        "A bf16 MLP train step (512 → 2048 → 512) over data × model on each target, on "
+        "A bf16 MLP train step (512 → 2048 → 512, returning the new parameters and the loss) over data × model on each target, on "
         "abstract arguments and on arrays: `analyze` (arrays and shapes give equal reports), "
         "`predict`, `search` (compiled by the target's compiler; arrays and shapes give the "
         "same plan), `strategies.zero`, `commgraph`, `show`, `editor` (background compile), "
