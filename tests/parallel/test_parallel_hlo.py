@@ -177,3 +177,21 @@ def test_analyze_row_parallel_matmul_source_memory_and_numbers(mesh24):
         ),
     )(x, w)
     assert_same_program(sharded, f(x, w), fn=f, args=(x, w))
+
+
+def test_analyze_counts_every_trip_of_a_scan_in_its_flops():
+    """XLA:CPU's cost analysis counts a scan body once (a 4-layer scan of matmuls reads as one
+    layer); the report counts each trip."""
+    import jax
+    import jax.numpy as jnp
+
+    import shardlab
+
+    def f(w, x):
+        return jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x, w)[0]
+
+    mesh = shardlab.mesh(data=8)
+    w, x = jnp.ones((4, 256, 256)), jnp.ones((64, 256))
+    report = shardlab.analyze(f, w, x, mesh=mesh)
+    matmuls = 4 * 2 * 64 * 256 * 256  # every device computes all of it (nothing sharded)
+    assert matmuls <= report.flops <= 1.02 * matmuls

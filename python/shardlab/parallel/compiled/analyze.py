@@ -9,7 +9,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 
 from shardlab.parallel.arguments import abstract_args, bind, drop_static, eval_shape, split
-from shardlab.parallel.compiled.hlo import collectives_from_hlo
+from shardlab.parallel.compiled.hlo import collectives_from_hlo, matmul_flops
 from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.records import MemoryBreakdown, Report
 from shardlab.parallel.specs import resolve_shardings, unflatten_like
@@ -109,7 +109,9 @@ def analyze(
 
     Returns:
         A ``Report``: collectives (kind, bytes, groups, mesh axes, wire bytes, source line),
-        per-device memory and flops, the shardings the compiler chose, the HLO text.
+        per-device memory and flops (the compiler's count, with the matmuls of a loop body
+        counted once per trip: ``hlo.matmul_flops``), the shardings the compiler chose, the
+        HLO text.
 
     Raises:
         ShardingSpecError: a spec does not fit (checked before compiling).
@@ -127,6 +129,9 @@ def analyze(
         temp=int(getattr(mem, "temp_size_in_bytes", 0)),
     )
     cost = compiled_cost(compiled)
+    if cost.get("flops"):  # XLA counts a loop body once: add the other trips' matmuls
+        runs, once = matmul_flops(hlo)
+        cost["flops"] = float(cost["flops"]) + runs - once
     in_sh = jax.tree_util.tree_leaves(
         compiled.input_shardings[0], is_leaf=lambda x: isinstance(x, NamedSharding)
     )

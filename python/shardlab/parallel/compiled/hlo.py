@@ -359,6 +359,52 @@ def _trips(start: int, bound: int, step: int, direction: str) -> int | None:
     return None
 
 
+def _dims(type_text: str) -> list[int]:
+    m = _ARRAY_RE.search(type_text)
+    return [int(d) for d in m.group(2).split(",") if d] if m else []
+
+
+def _matmul_flops(instr: _Instr, mod: _Module) -> float:
+    """2 × output elements × contracted elements of a ``dot`` or ``convolution``."""
+    out = math.prod(_dims(instr.type_text))
+    ops = _operands(instr)
+    if instr.opcode == "dot":
+        lhs = mod.by_name.get(ops[0]) if ops else None
+        m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", instr.rest)
+        if lhs is None or m is None:
+            return 0.0
+        shape = _dims(lhs.type_text)
+        picked = [int(d) for d in m.group(1).split(",") if d]
+        return 2.0 * out * math.prod(shape[d] for d in picked if d < len(shape))
+    kernel = mod.by_name.get(ops[1]) if len(ops) > 1 else None
+    m = re.search(r"dim_labels=\w+_(\w+)->", instr.rest)
+    if kernel is None or m is None:
+        return 0.0
+    shape = _dims(kernel.type_text)  # every kernel dim but the output features is summed
+    if len(shape) != len(m.group(1)):
+        return 0.0
+    return (
+        2.0 * out * math.prod(n for label, n in zip(m.group(1), shape, strict=True) if label != "o")
+    )
+
+
+def matmul_flops(hlo_text: str) -> tuple[float, float]:
+    """Per device, the flops of the program's ``dot``s and ``convolution``s as it runs (each
+    times its computation's run count: loop trips included) and as XLA's cost analysis counts
+    them (each once: ``HloCostAnalysis`` counts a ``while`` body once, on every compiler).
+
+    ``report.flops`` adds the difference to the compiler's figure, so a scanned model or a
+    windowed-einsum loop is not 1/trips of its flops."""
+    mod = _parse(hlo_text)
+    runs = once = 0.0
+    for instr in mod.instrs:
+        if instr.opcode in ("dot", "convolution"):
+            flops = _matmul_flops(instr, mod)
+            runs += flops * mod.counts.get(instr.computation, 1)
+            once += flops
+    return runs, once
+
+
 def collectives_from_hlo(hlo_text: str, mesh_shape: Mapping[str, int]) -> tuple[Collective, ...]:
     """One ``Collective`` per collective of post-partitioning HLO text (see the module docstring).
 
