@@ -107,7 +107,8 @@ def calls(kind: str, kwargs: dict[str, Any], model: int) -> tuple[list[tuple[str
 
     def commgraph() -> str:
         view = shardlab.commgraph(step, params, x, mesh=mesh, in_shardings=specs)
-        return "" if view.actual is not None and view.actual.collectives else "nothing compiled"
+        actual = getattr(view, "actual", None)  # the compiled report
+        return "" if actual is not None and actual.collectives else "nothing compiled"
 
     def show() -> str:
         html = shardlab.show((4096, 2048), P("data", "model"), mesh=mesh).html()

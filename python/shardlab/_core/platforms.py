@@ -51,7 +51,7 @@ def prefer_cpu_without_accelerators() -> str | None:
 
             if getattr(xla_bridge, "_backends", None):
                 return None
-            if jax.config.jax_platforms:
+            if getattr(jax.config, "jax_platforms", None):
                 return None
             jax.config.update("jax_platforms", "cpu")
         except Exception:  # pragma: no cover - private API moved: leave JAX as it is
