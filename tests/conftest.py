@@ -66,6 +66,28 @@ def executed_notebook(tmp_path_factory):
 
 
 # -- two workers (pytest-xdist, `make test`): a test file is a unit, except for the browser ---
+def _unit(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    if path.startswith("tests/browser/") or path.endswith("/test_notebooks.py"):
+        return "browser and notebooks"
+    return path
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest units first: the browser and notebook unit, then the files holding a test
+    marked slow, then the rest, each in its own order. The workers take whole units in this
+    order, so the many short files come last and even out when the two workers finish
+    (longest-processing-time first); in collection order a minutes-long file could start
+    last and leave the other worker idle."""
+    slow = {_unit(item.nodeid) for item in items if item.get_closest_marker("slow")}
+
+    def rank(item) -> int:
+        unit = _unit(item.nodeid)
+        return 0 if unit == "browser and notebooks" else 1 if unit in slow else 2
+
+    items.sort(key=rank)  # stable: the order inside a unit is kept
+
+
 def pytest_xdist_make_scheduler(config, log):
     """Whole files go to a worker (module fixtures such as a kernel or a compiled plan are
     made once), and the browser tests with the notebook tests form one unit: one JupyterLab
@@ -74,9 +96,6 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            if path.startswith("tests/browser/") or path.endswith("/test_notebooks.py"):
-                return "browser and notebooks"
-            return path
+            return _unit(nodeid)
 
     return ByFile(config, log)

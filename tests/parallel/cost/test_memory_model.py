@@ -98,6 +98,7 @@ def test_predicted_memory_tracks_compiled(m8, case, strategy):
     assert 0.75 <= ratio <= 1.3, (predicted, compiled)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # the GPT case searches, compiles and tightens: ~230 s when shared
 @pytest.mark.parametrize(
     ("case", "fraction"),

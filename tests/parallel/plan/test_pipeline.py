@@ -266,6 +266,7 @@ def test_bad_schedule_and_1f1b_note(dp_plan):
     assert any("1f1b runs as GPipe" in n for n in plan.notes)
 
 
+@pytest.mark.slow  # four compiles and two pipelined runs (~40 s on 2 cores)
 def test_a_baseline_made_on_the_whole_stage_mesh_pipelines_as_the_hand_made_one(train):
     # data parallel and ZeRO made on stage×data split the batch (and ZeRO the state) over
     # 'stage' too; pipelined, the stage axis moves to the layer dim of the stacked leaves
