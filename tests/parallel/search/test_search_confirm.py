@@ -221,7 +221,7 @@ def test_a_confirmed_plan_carries_its_compile_and_verify_does_not_compile_it_aga
     real = A.analyze
     monkeypatch.setattr(plan_module, "analyze", lambda *a, **k: compiles.append(1) or real(*a, **k))
     report = plan.verify()
-    assert compiles == [] and report is plan.compiled[1]
+    assert compiles == [] and report is plan.compiled[2]
     # the report is the compile of this program: compiling it afresh gives the same figures
     fresh = dataclasses.replace(plan, compiled=None).verify()
     assert compiles == [1]
@@ -230,4 +230,8 @@ def test_a_confirmed_plan_carries_its_compile_and_verify_does_not_compile_it_aga
     other = dataclasses.replace(plan, input_specs=tuple(() for _ in plan.input_specs))
     other.verify()
     assert compiles == [1, 1]
+    import copy
+
+    dataclasses.replace(plan, binding=copy.copy(plan.binding)).verify()
+    assert compiles == [1, 1, 1]
     assert "compiled" not in plan.to_dict()

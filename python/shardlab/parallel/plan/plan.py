@@ -116,7 +116,9 @@ class Plan(_Record):
     confirmation: Any = dataclasses.field(default=None, repr=False, compare=False)
     # The report of a compile of this very program (its layouts, constraints, stages, remat
     # and binding), made while searching: ``verify()`` returns it instead of compiling again.
-    compiled: tuple[Any, Report] | None = dataclasses.field(default=None, repr=False, compare=False)
+    compiled: tuple[Any, Any, Report] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
 
     @classmethod
     def of_binding(
@@ -276,8 +278,8 @@ class Plan(_Record):
         return [NamedSharding(b.mesh, make_spec(s)) for s in self.input_specs]
 
     def program_key(self) -> Any:
-        """What decides the compiled program: the layouts, the constraints, the stages and
-        remat, and the function, arguments and mesh it is bound to."""
+        """What decides the compiled program besides the function, arguments and mesh it is
+        bound to: the layouts, the constraints, the stages and remat."""
         return (
             self.input_specs,
             self.output_specs,
@@ -285,12 +287,12 @@ class Plan(_Record):
             self.operand_constraints,
             self.pipeline,
             self.remat,
-            id(self.binding),
         )
 
     def with_compiled(self, report: Report) -> Plan:
-        """This plan carrying ``report``, a compile of exactly this program."""
-        return dataclasses.replace(self, compiled=(self.program_key(), report))
+        """This plan carrying ``report``, a compile of exactly this program (these layouts,
+        bound to this binding)."""
+        return dataclasses.replace(self, compiled=(self.program_key(), self.binding, report))
 
     def verify(self) -> Report:
         """Compile the plan and read the actual collectives and per-device memory (on the
@@ -299,8 +301,10 @@ class Plan(_Record):
         A plan that ``search`` already compiled (to confirm its choice or check the memory
         budget) returns that compile's report: the same program, compiled once."""
         b = self._bound()
-        if self.compiled is not None and self.compiled[0] == self.program_key():
-            return self.compiled[1]
+        if self.compiled is not None:
+            key, binding, report = self.compiled
+            if binding is b and key == self.program_key():
+                return report
         with progress_bar("verify") as bar:  # shown after about a second of compiling
             bar(0.1, f"compiling the plan on {mesh_text(self.mesh_shape)}")
             report = analyze(

@@ -42,8 +42,8 @@ same collectives differ in compiled flops by a few fusions, which is no reason t
 
 def plan_key(plan: Plan) -> Hashable:
     """What decides a plan's compiled program within one search (one binding): its
-    layouts, constraints, stages and remat (``Plan.program_key`` without the binding)."""
-    return plan.program_key()[:-1]
+    layouts, constraints, stages and remat."""
+    return plan.program_key()
 
 
 def compile_plan(plan: Plan) -> Report:
