@@ -244,7 +244,8 @@ def timeline(
             function, with ``args``, ``mesh`` and ``in_shardings``.
         measured: also run the program under ``jax.profiler`` and show the measured timeline
             (not over a ``shardlab.target``: its devices are abstract; a note says so).
-        device: the device profile for the model (default: by backend).
+        device: the device profile for the model (default: the plan's own, else the
+            target's the mesh is over, else by backend).
 
     A plan with pipeline stages (``plan.pipeline``) is drawn one lane per stage: the pipeline
     simulator's forward and backward of every microbatch, the transfers and the bubble.
