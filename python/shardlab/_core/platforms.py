@@ -19,19 +19,37 @@ import importlib.util
 import os
 import sys
 
-__all__ = ["accelerator_present", "prefer_cpu_without_accelerators"]
+__all__ = [
+    "accelerator_present",
+    "installed",
+    "nvidia_driver_present",
+    "prefer_cpu_without_accelerators",
+    "tpu_attached",
+]
 
 _NVIDIA = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/nvidia0")
 _TPU = ("/dev/accel0", "/dev/vfio/0")
 _PLUGINS = ("libtpu", "jax_cuda12_plugin", "jax_cuda13_plugin")
 
 
+def nvidia_driver_present() -> bool:
+    """An NVIDIA driver is loaded on this machine."""
+    return any(os.path.exists(p) for p in _NVIDIA)
+
+
+def tpu_attached() -> bool:
+    """TPU chips are attached to this machine (``/dev/accel*``, ``/dev/vfio``)."""
+    return any(os.path.exists(p) for p in _TPU)
+
+
 def accelerator_present() -> bool:
     """An NVIDIA driver or TPU chips are attached to this machine."""
-    return any(os.path.exists(p) for p in (*_NVIDIA, *_TPU))
+    return nvidia_driver_present() or tpu_attached()
 
 
-def _installed(module: str) -> bool:
+def installed(module: str) -> bool:
+    """``module`` can be imported (without importing it); False for a module blocked in
+    ``sys.modules`` or whose parent package is missing."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
@@ -42,7 +60,7 @@ def prefer_cpu_without_accelerators() -> str | None:
     """Keep JAX on the CPU as the module docstring says; returns what was set, or None."""
     if "JAX_PLATFORMS" in os.environ or not sys.platform.startswith("linux"):
         return None
-    if accelerator_present() or not any(_installed(m) for m in _PLUGINS):
+    if accelerator_present() or not any(installed(m) for m in _PLUGINS):
         return None
     if "jax" in sys.modules:  # JAX read its configuration already: only before backends start
         try:

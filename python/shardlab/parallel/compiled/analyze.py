@@ -9,7 +9,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 
 from shardlab.parallel.arguments import abstract_args, bind, drop_static, eval_shape, split
-from shardlab.parallel.compiled.hlo import collectives_from_hlo, matmul_flops
+from shardlab.parallel.compiled.hlo import collectives_from_hlo, matmul_flops, parse_hlo
 from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.records import MemoryBreakdown, Report
 from shardlab.parallel.specs import resolve_shardings, unflatten_like
@@ -128,9 +128,10 @@ def analyze(
         alias=int(getattr(mem, "alias_size_in_bytes", 0)),
         temp=int(getattr(mem, "temp_size_in_bytes", 0)),
     )
+    module = parse_hlo(hlo)  # read once, for the collectives and the loop trips' flops
     cost = compiled_cost(compiled)
     if cost.get("flops"):  # XLA counts a loop body once: add the other trips' matmuls
-        runs, once = matmul_flops(hlo)
+        runs, once = matmul_flops(module)
         cost["flops"] = float(cost["flops"]) + runs - once
     in_sh = jax.tree_util.tree_leaves(
         compiled.input_shardings[0], is_leaf=lambda x: isinstance(x, NamedSharding)
@@ -139,7 +140,7 @@ def analyze(
         compiled.output_shardings, is_leaf=lambda x: isinstance(x, NamedSharding)
     )
     return Report(
-        collectives=collectives_from_hlo(hlo, shape),
+        collectives=collectives_from_hlo(module, shape),
         memory=memory,
         flops=float((cost or {}).get("flops", 0.0)),
         input_shardings=tuple(spec_text(s) for s in in_sh),

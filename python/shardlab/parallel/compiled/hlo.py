@@ -388,14 +388,24 @@ def _matmul_flops(instr: _Instr, mod: _Module) -> float:
     )
 
 
-def matmul_flops(hlo_text: str) -> tuple[float, float]:
+def parse_hlo(hlo_text: str) -> _Module:
+    """The parsed module, for reading one program's collectives and flops with one parse
+    (``collectives_from_hlo`` and ``matmul_flops`` take either the text or this)."""
+    return _parse(hlo_text)
+
+
+def _module(hlo: str | _Module) -> _Module:
+    return hlo if isinstance(hlo, _Module) else _parse(hlo)
+
+
+def matmul_flops(hlo_text: str | _Module) -> tuple[float, float]:
     """Per device, the flops of the program's ``dot``s and ``convolution``s as it runs (each
     times its computation's run count: loop trips included) and as XLA's cost analysis counts
     them (each once: ``HloCostAnalysis`` counts a ``while`` body once, on every compiler).
 
     ``report.flops`` adds the difference to the compiler's figure, so a scanned model or a
     windowed-einsum loop is not 1/trips of its flops."""
-    mod = _parse(hlo_text)
+    mod = _module(hlo_text)
     runs = once = 0.0
     for instr in mod.instrs:
         if instr.opcode in ("dot", "convolution"):
@@ -405,15 +415,17 @@ def matmul_flops(hlo_text: str) -> tuple[float, float]:
     return runs, once
 
 
-def collectives_from_hlo(hlo_text: str, mesh_shape: Mapping[str, int]) -> tuple[Collective, ...]:
+def collectives_from_hlo(
+    hlo_text: str | _Module, mesh_shape: Mapping[str, int]
+) -> tuple[Collective, ...]:
     """One ``Collective`` per collective of post-partitioning HLO text (see the module docstring).
 
     Args:
-        hlo_text: ``compiled.as_text()``.
+        hlo_text: ``compiled.as_text()``, or its ``parse_hlo``.
         mesh_shape: ``{axis: size}`` of the mesh the program was partitioned for; group
             members are positions in ``mesh.devices.flat``.
     """
-    mod = _parse(hlo_text)
+    mod = _module(hlo_text)
     # TPU's all-reduce + dynamic-slice fusions: the fusion is a reduce-scatter.
     all_reduces: dict[str, list[_Instr]] = {}
     for i in mod.instrs:
@@ -543,4 +555,10 @@ def primitive_of(op_name: str) -> str:
     return tail.split(":")[-1]
 
 
-__all__ = ["collectives_from_hlo", "parse_replica_groups", "shape_bytes"]
+__all__ = [
+    "collectives_from_hlo",
+    "matmul_flops",
+    "parse_hlo",
+    "parse_replica_groups",
+    "shape_bytes",
+]

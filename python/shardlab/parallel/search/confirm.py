@@ -57,6 +57,10 @@ class Reports:
 
     by_key: dict[Hashable, Report] = dataclasses.field(default_factory=dict)
 
+    def known(self, plan: Plan) -> Report | None:
+        """The plan's compiled report if this search compiled it, else None."""
+        return self.by_key.get(plan_key(plan))
+
     def get(self, plan: Plan) -> Report:
         """The plan's compiled report, compiling on the first request."""
         key = plan_key(plan)

@@ -38,7 +38,6 @@ from shardlab.parallel.search.auto import (
 from shardlab.parallel.search.choice import (
     make_plan,
 )
-from shardlab.parallel.search.confirm import plan_key
 from shardlab.parallel.search.problem import Problem
 from shardlab.parallel.search.solve.bounds import check_budget
 from shardlab.parallel.search.solve.budget import solve_within_budget
@@ -266,7 +265,7 @@ def search(
     assert plan is not None  # _mixed returns None only when a staging can still fit
     report(1.0, "done")
     plan = dataclasses.replace(plan, search_time=time.perf_counter() - start)
-    compiled = problem.reports.by_key.get(plan_key(plan))  # compiled while searching
+    compiled = problem.reports.known(plan)  # compiled while searching
     return plan if compiled is None else plan.with_compiled(compiled)
 
 

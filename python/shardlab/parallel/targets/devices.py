@@ -14,13 +14,13 @@ a target names that command.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import pathlib
 import re
 from typing import Any
 
 from shardlab._core.native_log import quiet_native_stderr
+from shardlab._core.platforms import installed, nvidia_driver_present, tpu_attached
 from shardlab.parallel.targets.catalog import TargetError, TargetSpec
 
 __all__ = ["EXTRA", "compiler_missing", "target_devices"]
@@ -29,22 +29,15 @@ EXTRA = 'pip install "shardlab[targets]"'
 _SPECS = pathlib.Path(__file__).with_name("gpu_specs")
 
 
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ModuleNotFoundError, ValueError):  # no parent package, or blocked in sys.modules
-        return False
-
-
 def compiler_missing(platform: str) -> str | None:
     """Why the compiler for ``platform`` cannot load here (with the pip command), or None."""
     if platform == "tpu":
-        if not _installed("libtpu"):
+        if not installed("libtpu"):
             return f"compiling for TPUs needs libtpu (XLA:TPU): {EXTRA}, then restart the kernel"
         return None
     needed = {"jax_plugins.xla_cuda12": "jax-cuda12-plugin", "nvidia.cuda_nvcc": "ptxas"}
     for module, what in needed.items():
-        if not _installed(module):
+        if not installed(module):
             return (
                 f"compiling for NVIDIA GPUs needs XLA:GPU ({what} is not installed): {EXTRA}, "
                 "then restart the kernel"
@@ -65,7 +58,7 @@ def _prepare_cuda() -> None:
     """The CUDA plugin checks for a CUDA installation unless only other platforms were asked
     for; deviceless compiles need no driver, so the check is skipped when no NVIDIA driver
     is present (and only before JAX starts its backends, when it can still matter)."""
-    if _backends_started() or os.path.exists("/proc/driver/nvidia"):
+    if _backends_started() or nvidia_driver_present():
         return
     os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
@@ -76,7 +69,7 @@ def _prepare_tpu() -> None:
     a second notebook and the test workers each describe slices. Without TPUs attached
     (``/dev/accel*``, ``/dev/vfio``) the lock is skipped, as libtpu allows
     (``ALLOW_MULTIPLE_LIBTPU_LOAD``)."""
-    if any(os.path.exists(p) for p in ("/dev/accel0", "/dev/vfio/0")):
+    if tpu_attached():
         return
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
