@@ -408,6 +408,23 @@ def test_json_round_trip(calibrated, tmp_path):
     assert load_profile(tmp_path / "a100.json") == sp.DEVICE_PROFILES["a100-nvlink"]
 
 
+@pytest.mark.parametrize("name", ["cpu-sim", "tpu-v5e", "h100-nvlink"])
+def test_files_written_before_profiles_named_their_platform_still_load(tmp_path, name):
+    """Version-1 files carried XLA:CPU's rule as ``forms_reduce_scatter: false`` and no
+    ``platform``: they load on the compiler they were written for (a calibrated one's
+    calibration names its platform)."""
+    profile = sp.DEVICE_PROFILES[name]
+    data = _hostile(profile, _set("profile", "platform", _DELETE))
+    data["profile"]["forms_reduce_scatter"] = profile.platform != "cpu"
+    data["profile"]["expands_select_and_scatter"] = profile.platform == "cpu"
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    loaded = load_profile(path)
+    expected = "gpu" if profile.platform == "tpu" else profile.platform  # tpu wrote True too
+    assert loaded.platform == expected
+    assert loaded.compiler.forms_reduce_scatter == (profile.platform != "cpu")
+
+
 def _hostile(profile, change):
     data = {"format": "shardlab-device-profile", "version": 1, "profile": profile.to_dict()}
     change(data)
@@ -439,7 +456,8 @@ HOSTILE = [
     (_set("profile", "peak_flops", "1e12"), "'peak_flops' is '1e12'"),
     (_set("profile", "peak_flops", -5.0), "'peak_flops' is -5.0, expected a positive"),
     (_set("profile", "memory_bandwidth", float("nan")), "'memory_bandwidth' is nan"),
-    (_set("profile", "forms_reduce_scatter", "yes"), "'forms_reduce_scatter' is 'yes'"),
+    (_set("profile", "platform", "quantum"), "'platform' is 'quantum', expected one of cpu"),
+    (_set("profile", "platform", 5), "'platform' is 5"),
     (_set("profile", "op_overhead", True), "'op_overhead' is True"),
     (_set("profile", "kind_bandwidth", {"all-gather": "fast"}), "kind_bandwidth"),
     (_set("profile", "collective_fits", 0, "kind", "eval"), "'kind' is 'eval'; known: all-reduce"),

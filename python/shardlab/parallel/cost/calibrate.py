@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from shardlab.parallel.cost.compilers import compiler_of
 from shardlab.parallel.cost.profile_file import FORMAT as FORMAT
 from shardlab.parallel.cost.profile_file import VERSION as VERSION
 from shardlab.parallel.cost.profile_file import (
@@ -639,8 +640,7 @@ def _calibrate(mesh: Any, quick: bool, report: Callable[[float, str], None]) -> 
             widest.alpha / ring_steps("all-reduce", widest.group_size) if widest else 10e-6
         ),
         kind_bandwidth=kinds,
-        forms_reduce_scatter=first.platform != "cpu",
-        expands_select_and_scatter=first.platform == "cpu",
+        platform=compiler_of(str(first.platform)).platform,
         source=f"shardlab.calibrate(quick={quick}) on {calibration.devices_text}",
         op_overhead=per_op,
         overlap=overlap,

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardlab.parallel.cost import layouts as L
+from shardlab.parallel.cost.compilers import held_graph
 from shardlab.parallel.cost.predict import layout_cost
 from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile, wire_bytes
 from shardlab.parallel.cost.propagate import Propagation
@@ -494,6 +495,7 @@ def predict_pipeline(
         )
     plan_cost = getattr(plan_or_binding, "cost", None)
     profile = resolve_profile(device if device is not None else getattr(plan_cost, "device", None))
+    graph = held_graph(graph, profile.compiler)
     if input_layouts is None:
         specs = getattr(plan_or_binding, "input_specs", None)
         input_layouts = (

@@ -16,6 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from shardlab.parallel.arguments import eval_shape
 from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.cost.combine import combine_all_reduces
+from shardlab.parallel.cost.compilers import held_graph
 from shardlab.parallel.cost.memory import all_reduce_spans, device_memory
 from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile
 from shardlab.parallel.cost.propagate import Propagation, propagate
@@ -78,6 +79,8 @@ def memory_estimate(
     ``overrides``: per variable, its per-device bytes instead of its layout's (a remat
     policy's dropped residual stacks take none, ``cost/remat.py``)."""
     overrides = overrides or {}
+    if profile is not None:
+        graph = held_graph(graph, profile.compiler)
 
     def local(v: int) -> int:
         got = overrides.get(v)
@@ -90,10 +93,14 @@ def memory_estimate(
     # reduced one from there (``memory_model.all_reduce_spans``).
     reductions, reduced = all_reduce_spans(graph, prop.collectives, prop.collective_nodes, local)
 
-    def extra(v: int) -> int:  # copies in the other layouts its consumers needed
-        return sum(L.local_bytes(graph.nbytes(v), lay, sizes) for lay in prop.copies.get(v, ()))
+    def extra(v: int) -> int:
+        """Copies in the other layouts its consumers needed: moved by collectives, so in
+        the dtype the compiler computes in (an argument's too)."""
+        return sum(
+            L.local_bytes(graph.wire_nbytes(v), lay, sizes) for lay in prop.copies.get(v, ())
+        )
 
-    expands = profile is not None and profile.expands_select_and_scatter
+    expands = profile is not None and profile.compiler.expands_select_and_scatter
 
     # Outputs gathered along an inner dimension wait, gathered in the major dimension's
     # order, for the copies into their buffers at the program's end; XLA places about every

@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from shardlab.parallel.cost.compilers import COMPILERS
 from shardlab.parallel.cost.profiles import (
     DEVICE_PROFILES,
     Calibration,
@@ -199,6 +200,7 @@ def profile_from_dict(data: Any, *, where: str = "profile") -> DeviceProfile:
     name = _field(data, "name", str, where)
     if not name:
         raise ProfileFileError(f"{where}: field 'name' is empty")
+    platform = _platform(data, calibration, where)
     return DeviceProfile(
         name=name,
         peak_flops=float(_field(data, "peak_flops", num, where, positive=True)),
@@ -208,8 +210,7 @@ def profile_from_dict(data: Any, *, where: str = "profile") -> DeviceProfile:
         link_latency=float(_field(data, "link_latency", num, where)),
         axis_bandwidth=_number_map(data, "axis_bandwidth", where),
         kind_bandwidth=_number_map(data, "kind_bandwidth", where),
-        forms_reduce_scatter=_field(data, "forms_reduce_scatter", bool, where),
-        expands_select_and_scatter=_field(data, "expands_select_and_scatter", bool, where),
+        platform=platform,
         source=_field(data, "source", str, where),
         op_overhead=float(_field(data, "op_overhead", num, where)),
         overlap=_measured(data, "overlap", 1.0, where, (0.0, 1.0)),
@@ -219,3 +220,21 @@ def profile_from_dict(data: Any, *, where: str = "profile") -> DeviceProfile:
         collective_fits=tuple(fits),
         calibration=calibration,
     )
+
+
+def _platform(data: dict[str, Any], calibration: Calibration | None, where: str) -> str:
+    """The profile's platform, which chooses its compiler's rules (``compilers.py``). Files
+    written before profiles named it carry the CPU compiler's rule as
+    ``forms_reduce_scatter: false`` instead; their calibration names the platform too."""
+    if "platform" in data:
+        platform = _field(data, "platform", str, where)
+    elif calibration is not None:
+        platform = calibration.platform
+    else:
+        platform = "gpu" if _field(data, "forms_reduce_scatter", bool, where) else "cpu"
+    if platform not in COMPILERS:
+        raise ProfileFileError(
+            f"{where}: field 'platform' is {platform[:40]!r}, expected one of "
+            f"{', '.join(COMPILERS)}"
+        )
+    return platform

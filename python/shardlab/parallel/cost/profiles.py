@@ -27,6 +27,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from shardlab.parallel.cost.compilers import Compiler, compiler_of
 from shardlab.parallel.records import Collective, _Record
 
 
@@ -157,11 +158,9 @@ class DeviceProfile(_Record):
         axis_bandwidth: per mesh axis overrides of ``link_bandwidth``.
         kind_bandwidth: per collective kind overrides (an implementation that is slower for
             some kinds, e.g. XLA:CPU's all-gather and all-to-all).
-        forms_reduce_scatter: whether the backend turns all-reduce + dynamic-slice into a
-            reduce-scatter (XLA:CPU does not; GPU and TPU do).
-        expands_select_and_scatter: whether the backend rewrites max pooling's gradient
-            into iotas, a reduce-window and a scatter, with scratch buffers for the indices
-            (XLA:CPU does; GPU and TPU have a native kernel).
+        platform: the JAX platform (``cpu``, ``gpu``, ``tpu``); it chooses the compiler
+            whose rules the model follows (``compiler``, ``compilers.py``): which dtypes it
+            computes in, whether reduce-scatter forms, how max pooling's gradient runs.
         source: where the numbers come from.
         op_overhead: seconds every operation costs on top of its roofline (dispatching one
             kernel; measured by calibration, 0 for datasheet profiles).
@@ -198,8 +197,7 @@ class DeviceProfile(_Record):
     link_latency: float
     axis_bandwidth: Mapping[str, float] = dataclasses.field(default_factory=dict)
     kind_bandwidth: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    forms_reduce_scatter: bool = True
-    expands_select_and_scatter: bool = False
+    platform: str = "gpu"
     source: str = ""
     op_overhead: float = 0.0
     overlap: float = 1.0
@@ -297,6 +295,11 @@ class DeviceProfile(_Record):
             t += (c.operands - 1) * self.operand_latency * latency
         return c.count * t
 
+    @property
+    def compiler(self) -> Compiler:
+        """The compiler whose rules price this profile's programs (chosen by ``platform``)."""
+        return compiler_of(self.platform)
+
     def replace(self, **changes: object) -> DeviceProfile:
         """A copy with some fields changed, e.g. ``profile.replace(link_bandwidth=50e9)``."""
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -315,8 +318,7 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
             link_bandwidth=10e9,
             link_latency=10e-6,
             kind_bandwidth={"all-gather": 1.2e9, "all-to-all": 0.35e9, "collective-permute": 1.2e9},
-            forms_reduce_scatter=False,
-            expands_select_and_scatter=True,
+            platform="cpu",
             source="nominal figures for simulated CPU devices sharing one host (memcpy-bound); "
             "memory bandwidth set so the roofline ridge matches the measured ratio of a "
             "weight-streaming to a compute-bound matmul on a 2-core host; all-gather and "
@@ -359,6 +361,7 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
         ),
         DeviceProfile(
             name="tpu-v5e",
+            platform="tpu",
             peak_flops=197e12,
             memory_bytes=16 * _GiB,
             memory_bandwidth=819e9,
@@ -370,6 +373,7 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
         ),
         DeviceProfile(
             name="tpu-v5p",
+            platform="tpu",
             peak_flops=459e12,
             memory_bytes=95 * 10**9,
             memory_bandwidth=2.765e12,
@@ -381,6 +385,7 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
         ),
         DeviceProfile(
             name="tpu-v6e",
+            platform="tpu",
             peak_flops=918e12,
             memory_bytes=32 * 10**9,
             memory_bandwidth=1.64e12,

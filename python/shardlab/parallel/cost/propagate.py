@@ -18,6 +18,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from shardlab.parallel.cost import layouts as L
+from shardlab.parallel.cost.compilers import held_graph
 from shardlab.parallel.cost.memory import Liveness, liveness, traffic
 from shardlab.parallel.cost.profiles import DeviceProfile, wire_bytes
 from shardlab.parallel.graph.opgraph import Node, OpGraph, live_nodes
@@ -123,11 +124,11 @@ class _Propagator:
 
     def _reduce_partial(self, var: int, axes: tuple[str, ...], target: L.DimAxes | None) -> None:
         dims = self.layout(var)
-        nbytes = self.g.nbytes(var)
+        nbytes = self.g.wire_nbytes(var)
         group = math.prod(self.sizes[a] for a in axes)
         full = L.local_bytes(nbytes, dims, self.sizes)
         scatter = tuple(a for a in axes if target and any(a in t for t in target))
-        if scatter and self.profile.forms_reduce_scatter:
+        if scatter and self.profile.compiler.forms_reduce_scatter:
             rest = tuple(a for a in axes if a not in scatter)
             if rest:
                 self.emit("all-reduce", full, math.prod(self.sizes[a] for a in rest), rest)
@@ -245,7 +246,9 @@ class _Propagator:
             )
             self.reshard(operand, need)
             return
-        for kind, nbytes, group, axes in L.reshard(src, target, self.g.nbytes(var), self.sizes):
+        for kind, nbytes, group, axes in L.reshard(
+            src, target, self.g.wire_nbytes(var), self.sizes
+        ):
             self.emit(kind, nbytes, group, axes)
 
     # -- nodes -----------------------------------------------------------------------------
@@ -435,7 +438,9 @@ class _Propagator:
         out_bytes = [L.local_bytes(self.g.nbytes(out), target, self.sizes)]
         self.timed(node, 0.0, in_bytes, out_bytes)
         # The result takes its operands' split again (the concatenation's own sharding).
-        for kind, nbytes, group, axes in L.reshard(target, base, self.g.nbytes(out), self.sizes):
+        for kind, nbytes, group, axes in L.reshard(
+            target, base, self.g.wire_nbytes(out), self.sizes
+        ):
             self.emit(kind, nbytes, group, axes)
         self.lay[out] = base
         return True
@@ -537,7 +542,8 @@ class _Propagator:
             self.lay[v] = subs[best].layout(branches[best].outputs[k])
 
     def nested(self, body: OpGraph, ins: list[L.DimAxes], count: int, *, record: bool = True):
-        sub = _Propagator(body, self.sizes, self.profile)
+        held = held_graph(body, self.profile.compiler, entry=False)
+        sub = _Propagator(held, self.sizes, self.profile)
         sub.count = self.count * count
         for v, dims in zip(body.inputs, ins, strict=False):
             sub.lay[v] = dims
@@ -663,10 +669,12 @@ def propagate(
         graph: the op graph.
         input_layouts: per graph input, its layout.
         sizes: ``{axis: size}`` of the mesh.
-        profile: the device profile (decides reduce-scatter vs all-reduce + slice).
+        profile: the device profile; its compiler (``compilers.py``) decides the bytes each
+            value is computed and moved in, and reduce-scatter vs all-reduce + slice.
         constraints: ``{variable id: layout}`` for intermediates.
         output_layouts: per graph output, the layout it must end in (``None``: as computed).
     """
+    graph = held_graph(graph, profile.compiler)
     fixed = dict(constraints or {})
     p = _forward(graph, input_layouts, sizes, profile, fixed, output_layouts)
     pulled = _pull_back(graph, p, sizes, fixed)

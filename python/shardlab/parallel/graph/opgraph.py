@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -159,9 +159,12 @@ class OpGraph:
     _producer: list[int] | None = dataclasses.field(default=None, repr=False)
     _consumers: list[list[int]] | None = dataclasses.field(default=None, repr=False)
     _nbytes: list[int] | None = dataclasses.field(default=None, repr=False)
+    _wire: list[int] | None = dataclasses.field(default=None, repr=False)
+    _views: dict[Any, OpGraph] = dataclasses.field(default_factory=dict, repr=False)
 
     def nbytes(self, var: int) -> int:
-        """Global bytes of a variable."""
+        """Global bytes of a variable's buffer (as held by the compiled program: see
+        ``held_as``)."""
         sizes = self._nbytes
         if sizes is None:
             sizes = self._nbytes = [
@@ -169,6 +172,40 @@ class OpGraph:
                 for shape, dtype in zip(self.shapes, self.dtypes, strict=True)
             ]
         return sizes[var]
+
+    def wire_nbytes(self, var: int) -> int:
+        """Global bytes of a variable as a collective moves it: its buffer's bytes, except in
+        a view (``held_as``) where the program's own inputs and outputs keep their dtype in
+        memory but are moved in the dtype the compiler computes in."""
+        return self.nbytes(var) if self._wire is None else self._wire[var]
+
+    def held_as(self, itemsize: Callable[[Any], int], *, entry: bool = True) -> OpGraph:
+        """This graph as a compiler holds its values: every value computed or moved takes
+        ``itemsize(dtype)`` bytes per element (a compiler that computes bfloat16 in float32
+        gives 4). With ``entry`` (a program's top level), its inputs and outputs keep their
+        dtype's bytes in memory: the caller's buffers (``wire_nbytes`` is the computed
+        size). Returns this graph itself when no dtype changes size; views are cached per
+        ``itemsize`` and share the nodes and every list."""
+        key = (itemsize, entry)
+        if key in self._views:
+            return self._views[key]
+        held = [
+            math.prod(shape) * itemsize(dtype)
+            for shape, dtype in zip(self.shapes, self.dtypes, strict=True)
+        ]
+        stored = [self.nbytes(v) for v in range(len(self.shapes))]
+        if held == stored:
+            self._views[key] = self
+            return self
+        buffers = list(held)
+        if entry:
+            for v in (*self.inputs, *self.outputs):
+                buffers[v] = stored[v]
+        view = dataclasses.replace(self, _nbytes=buffers, _wire=held, _views={})
+        view._producer, view._consumers = self._producer, self._consumers
+        view._views[key] = view
+        self._views[key] = view
+        return view
 
     def producer(self, var: int) -> int:
         """Index of the node producing ``var``, or -1 for inputs and literals."""

@@ -92,7 +92,9 @@ def _memory_parts(space: Space, choice: list[int]):
                 for v, lay in zip(node.outputs, cand.outs, strict=False)
             )
 
-    scratch = expansion_scratch(g, local) if space.profile.expands_select_and_scatter else None
+    scratch = (
+        expansion_scratch(g, local) if space.profile.compiler.expands_select_and_scatter else None
+    )
 
     def transient(i: int) -> int:
         # the unreduced buffer of an all-reduced partial sum, and any expansion's scratch
@@ -220,7 +222,7 @@ def cost_of(space: Space, choice: list[int]) -> CostBreakdown:
             continue
         seen.add((e.var, dst_lay))
         node = dst_u.nodes[0] if dst_u.nodes else -1
-        for kind, nbytes, group, axes in L.reshard(src_lay, dst_lay, g.nbytes(e.var), sizes):
+        for kind, nbytes, group, axes in L.reshard(src_lay, dst_lay, g.wire_nbytes(e.var), sizes):
             add(kind, nbytes, group, axes, node)
     memory = _priced_memory(space, choice, colls, emitters)
     colls = combine_all_reduces(g, colls, emitters)  # as XLA's all-reduce combiner does

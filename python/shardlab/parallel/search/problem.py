@@ -9,6 +9,7 @@ import functools
 
 from jax.sharding import Mesh
 
+from shardlab.parallel.cost.compilers import held_graph
 from shardlab.parallel.cost.profiles import DeviceProfile
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.graph.opgraph import OpGraph
@@ -41,7 +42,9 @@ class Problem:
 
     @property
     def graph(self) -> OpGraph:
-        return self.traced.graph
+        """The traced graph with each value's bytes as the profile's compiler holds it
+        (``compilers.held_graph``: XLA:CPU computes bfloat16 in float32)."""
+        return held_graph(self.traced.graph, self.profile.compiler)
 
     @functools.cached_property
     def baselines(self) -> dict[str, Plan]:

@@ -79,7 +79,7 @@ def edges_of(
             if owner is None or not g.shapes[var]:
                 continue  # literal, constant or scalar: free to lay out
             src, out_pos = owner
-            nbytes = g.nbytes(var)
+            nbytes = g.wire_nbytes(var)
             key = (id(units[src].cands), out_pos, id(u.cands), slot, nbytes)
             if key in matrices:
                 matrix = matrices[key]
@@ -106,7 +106,7 @@ def tie_outputs(b: Candidates, space: Space) -> None:
         if src is None or dst is None or src[0] == dst[0]:
             continue
         su, du = space.units[src[0]], space.units[dst[0]]
-        nbytes = g.nbytes(var_out)
+        nbytes = g.wire_nbytes(var_out)
         matrix = np.array(
             [
                 [b.reshard_time(cs.outs[src[1]], cd.outs[0], nbytes) for cd in du.cands]

@@ -1,0 +1,113 @@
+"""What differs between the compilers a plan is compiled by: one record per XLA backend.
+
+The cost model prices what the compiler will emit, and XLA:CPU, XLA:GPU and XLA:TPU emit
+different programs from one sharded jaxpr. A ``DeviceProfile`` names its platform, and the
+platform chooses the compiler (``compiler_of``): a mesh over CPU devices is priced as XLA:CPU
+compiles it, a target (``shardlab.target``) or a GPU/TPU mesh as its compiler does. Each rule
+here is stated in general and was read off compiled HLO (docs/parallel.md has the excerpts):
+
+* **Which dtypes it computes in** (``computes_in``). XLA:CPU has no bfloat16 arithmetic: its
+  float normalization upcasts every bfloat16 operation to float32, collectives included, and
+  rounds back only where a value leaves the program. A bfloat16 train step on a CPU mesh
+  all-gathers ``f32[512,1024]`` where the parameter is ``bf16[64,1024]``
+  (``%all-gather = f32[512,1024] all-gather(%wrapped_convert.1)``), and every temporary is
+  float32. Arguments and outputs stay bfloat16 (the caller's buffers). float16 is different:
+  its collectives stay float16 (``%all-gather = f16[512,1024] all-gather(%param.1)``), so
+  it is not listed. XLA:GPU and XLA:TPU compute bfloat16 natively.
+* **Whether reduce-scatter forms** (``forms_reduce_scatter``): GPU and TPU turn an all-reduce
+  followed by a dynamic slice into a reduce-scatter; XLA:CPU keeps the all-reduce and slices.
+* **Max pooling's gradient** (``expands_select_and_scatter``): XLA:CPU rewrites
+  select-and-scatter into iotas, a reduce-window and a scatter, with scratch buffers for the
+  indices; GPU and TPU have a native kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from shardlab.parallel.graph.opgraph import OpGraph, itemsize_of
+from shardlab.parallel.records import _Record
+
+__all__ = ["COMPILERS", "Compiler", "compiler_of", "held_graph"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiler(_Record):
+    """One XLA backend's rules that the cost model follows.
+
+    Attributes:
+        name: ``XLA:CPU``, ``XLA:GPU`` or ``XLA:TPU``.
+        platform: the JAX platform it compiles for (``cpu``, ``gpu``, ``tpu``).
+        computes_in: ``(dtype, computed as)`` pairs: a value of ``dtype`` is computed, held
+            in temporary buffers and moved by collectives as the second dtype.
+        forms_reduce_scatter: whether an all-reduce whose result is sliced per device
+            becomes a reduce-scatter.
+        expands_select_and_scatter: whether max pooling's gradient is expanded into a
+            reduce-window and a scatter with index scratch buffers.
+    """
+
+    name: str
+    platform: str
+    computes_in: tuple[tuple[str, str], ...] = ()
+    forms_reduce_scatter: bool = True
+    expands_select_and_scatter: bool = False
+
+    def computed_dtype(self, dtype: Any) -> Any:
+        """The dtype a value of ``dtype`` is computed in (itself unless promoted)."""
+        name = getattr(dtype, "name", None)
+        for low, high in self.computes_in:
+            if name == low:
+                return np.dtype(high)
+        return dtype
+
+    def held_itemsize(self, dtype: Any) -> int:
+        """Bytes per element of a value of ``dtype`` as the compiled program holds it."""
+        return itemsize_of(self.computed_dtype(dtype))
+
+    def describe(self) -> str:
+        """``XLA:CPU (computes bfloat16 in float32; no reduce-scatter)``."""
+        parts = [f"computes {a} in {b}" for a, b in self.computes_in]
+        if not self.forms_reduce_scatter:
+            parts.append("no reduce-scatter")
+        return f"{self.name} ({'; '.join(parts)})" if parts else self.name
+
+
+COMPILERS: dict[str, Compiler] = {
+    c.platform: c
+    for c in (
+        Compiler(
+            "XLA:CPU",
+            "cpu",
+            computes_in=(("bfloat16", "float32"),),
+            forms_reduce_scatter=False,
+            expands_select_and_scatter=True,
+        ),
+        Compiler("XLA:GPU", "gpu"),
+        Compiler("XLA:TPU", "tpu"),
+    )
+}
+
+
+def compiler_of(platform: str) -> Compiler:
+    """The compiler for a JAX platform name (``cuda``/``rocm`` are XLA:GPU).
+
+    Raises:
+        ValueError: an unknown platform.
+    """
+    key = "gpu" if platform in ("cuda", "rocm") else platform
+    if key not in COMPILERS:
+        raise ValueError(
+            f"unknown platform {platform!r}; known: {', '.join(COMPILERS)} (cuda, rocm: gpu)"
+        )
+    return COMPILERS[key]
+
+
+def held_graph(graph: OpGraph, compiler: Compiler, *, entry: bool = True) -> OpGraph:
+    """``graph`` with each value's bytes as ``compiler``'s program holds it
+    (``OpGraph.held_as``); the graph itself when nothing changes size."""
+    if not compiler.computes_in:
+        return graph
+    return graph.held_as(compiler.held_itemsize, entry=entry)
