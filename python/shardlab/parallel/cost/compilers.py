@@ -16,6 +16,11 @@ here is stated in general and was read off compiled HLO (docs/parallel.md has th
   it is not listed. XLA:GPU and XLA:TPU compute bfloat16 natively.
 * **Whether reduce-scatter forms** (``forms_reduce_scatter``): GPU and TPU turn an all-reduce
   followed by a dynamic slice into a reduce-scatter; XLA:CPU keeps the all-reduce and slices.
+* **Reassociating partial sums** (``reassociates_partial_sums``): GPU and TPU run XLA's
+  ``AllReduceReassociate``: ``all-reduce(a) + all-reduce(b)`` over the same devices, each
+  all-reduce read by the add alone, becomes ``all-reduce(a + b)``. A Megatron attention
+  block's input gradient sums the q, k and v projections' partial sums and all-reduces once
+  per layer; XLA:CPU all-reduces each of the three.
 * **Max pooling's gradient** (``expands_select_and_scatter``): XLA:CPU rewrites
   select-and-scatter into iotas, a reduce-window and a scatter, with scratch buffers for the
   indices; GPU and TPU have a native kernel.
@@ -47,6 +52,8 @@ class Compiler(_Record):
             becomes a reduce-scatter.
         expands_select_and_scatter: whether max pooling's gradient is expanded into a
             reduce-window and a scatter with index scratch buffers.
+        reassociates_partial_sums: whether partial sums over the same devices that are only
+            added together are added first and all-reduced once.
     """
 
     name: str
@@ -54,6 +61,7 @@ class Compiler(_Record):
     computes_in: tuple[tuple[str, str], ...] = ()
     forms_reduce_scatter: bool = True
     expands_select_and_scatter: bool = False
+    reassociates_partial_sums: bool = True
 
     def computed_dtype(self, dtype: Any) -> Any:
         """The dtype a value of ``dtype`` is computed in (itself unless promoted)."""
@@ -84,6 +92,7 @@ COMPILERS: dict[str, Compiler] = {
             computes_in=(("bfloat16", "float32"),),
             forms_reduce_scatter=False,
             expands_select_and_scatter=True,
+            reassociates_partial_sums=False,
         ),
         Compiler("XLA:GPU", "gpu"),
         Compiler("XLA:TPU", "tpu"),

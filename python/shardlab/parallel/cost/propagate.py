@@ -64,6 +64,11 @@ class Propagation:
     computed: dict[int, L.DimAxes] = dataclasses.field(default_factory=dict)
 
 
+SUMS = frozenset(("add", "add_any"))
+"""Adds whose partial-sum operands a reassociating compiler all-reduces once (XLA's pass
+matches the op to the all-reduce's reduction: an add for a sum; not a subtract)."""
+
+
 class _Propagator:
     def __init__(self, graph: OpGraph, sizes: Mapping[str, int], profile: DeviceProfile):
         self.g = graph
@@ -301,6 +306,8 @@ class _Propagator:
         carried: tuple[str, ...] = ()
         if passing:
             carried = next((self.partial.pop(v) for v in node.inputs if self.partial.get(v)), ())
+        else:
+            carried = self._summed_partials(node)
         for v in node.inputs:
             self.resolve_partial(v)
         factor_axes = self.choose(node, rule)
@@ -328,6 +335,27 @@ class _Propagator:
         self.flops += rule.flops / used * self.count
         features = L.convolution_features(node, self.g.shapes, in_lays, out_lays, self.sizes)
         self.timed(node, rule.flops / used, in_bytes, out_bytes, features=features)
+
+    def _summed_partials(self, node: Node) -> tuple[str, ...]:
+        """XLA's ``AllReduceReassociate`` (GPU and TPU; ``Compiler.reassociates_partial_sums``):
+        an add whose operands are all partial sums over the same axes, in one layout and of
+        the result's shape, each read by this add alone, adds the partial sums and its
+        result is all-reduced once where needed. Returns those axes (taken off the operands),
+        or ``()``."""
+        if node.primitive not in SUMS or not self.profile.compiler.reassociates_partial_sums:
+            return ()
+        ins = list(dict.fromkeys(node.inputs))
+        parts = [self.partial.get(v) for v in ins]
+        if len(ins) < 2 or not all(parts) or len({frozenset(p or ()) for p in parts}) != 1:
+            return ()
+        shape = self.g.shapes[node.outputs[0]]
+        if any(self.g.shapes[v] != shape for v in ins) or len({self.layout(v) for v in ins}) != 1:
+            return ()
+        if any(len(self.g.consumers(v)) != 1 or v in self.g.outputs for v in ins):
+            return ()
+        for v in ins:
+            self.partial.pop(v)
+        return parts[0] or ()
 
     def timed(
         self,
