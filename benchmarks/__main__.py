@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
+import inspect
 import os
 import platform
 import sys
@@ -28,6 +29,7 @@ SECTIONS = (
     "budgets",
     "targets",
     "target_calls",
+    "compilers",
 )
 MODULES = {  # the rest: benchmarks.<name>
     "corpus": "benchmarks.corpus.section",
@@ -39,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--only", nargs="*", choices=SECTIONS, help="run only these sections")
     parser.add_argument("--out", help="write the markdown here (default: stdout)")
+    parser.add_argument(
+        "--cached",
+        action="store_true",
+        help="sections that cache compiled figures (compilers) re-price from the cache",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
@@ -57,9 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(MODULES.get(name, f"benchmarks.{name}"))
         start = time.perf_counter()
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
-        body = module.run().strip()
+        cached = args.cached and "cached" in inspect.signature(module.run).parameters
+        body = (module.run(cached=True) if cached else module.run()).strip()
         print(f"[bench] {name}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
-        sections[name] = _with_run_line(body, machine, name)
+        sections[name] = _with_run_line(body, machine, name + (" --cached" if cached else ""))
     old = ""
     if args.out and os.path.exists(args.out):
         with open(args.out) as handle:
