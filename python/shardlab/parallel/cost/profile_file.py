@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardlab.parallel.cost.compilers import COMPILERS
+from shardlab.parallel.cost.network import Link
 from shardlab.parallel.cost.profiles import (
     DEVICE_PROFILES,
     Calibration,
@@ -219,6 +220,8 @@ def profile_from_dict(data: Any, *, where: str = "profile") -> DeviceProfile:
         feature_overhead=_measured(data, "feature_overhead", 0.0, where, (0.0, math.inf)),
         collective_fits=tuple(fits),
         calibration=calibration,
+        links=_links(data, where),
+        axis_split=_axis_split(data, where),
     )
 
 
@@ -238,3 +241,59 @@ def _platform(data: dict[str, Any], calibration: Calibration | None, where: str)
             f"{', '.join(COMPILERS)}"
         )
     return platform
+
+
+def _links(data: Mapping[str, Any], where: str) -> tuple[Link, ...]:
+    """The network levels (``network.Link``); none in files written before profiles had
+    them."""
+    raw = data.get("links", [])
+    if not isinstance(raw, list) or len(raw) > 4:
+        raise ProfileFileError(f"{where}: field 'links' is not a list of at most 4 levels")
+    num = (int, float)
+    out = []
+    for k, link in enumerate(raw):
+        at = f"{where}: links[{k}]"
+        if not isinstance(link, dict):
+            raise ProfileFileError(f"{at} is not an object")
+        curve = link.get("curve", [])
+        if not isinstance(curve, list) or len(curve) > 64:
+            raise ProfileFileError(f"{at}: field 'curve' is not a list of at most 64 points")
+        points = []
+        for j, point in enumerate(curve):
+            if not (isinstance(point, list) and len(point) == 2):
+                raise ProfileFileError(f"{at}: curve[{j}] is not a [bytes, seconds] pair")
+            pair = {"bytes": point[0], "seconds": point[1]}
+            size = _field(pair, "bytes", num, f"{at}: curve[{j}]", positive=True)
+            seconds = _field(pair, "seconds", num, f"{at}: curve[{j}]", positive=True)
+            points.append((float(size), float(seconds)))
+        if [p for p, _ in points] != sorted({p for p, _ in points}):
+            raise ProfileFileError(f"{at}: curve sizes must ascend, each once")
+        out.append(
+            Link(
+                name=_field(link, "name", str, at)[:80],
+                bandwidth=float(_field(link, "bandwidth", num, at, positive=True)),
+                latency=float(_field(link, "latency", num, at)),
+                step_latency=float(_field(link, "step_latency", num, at)),
+                curve=tuple(points),
+                curve_devices=max(2, int(_field(link, "curve_devices", int, at))),
+                all_reduce_bandwidth=float(_field(link, "all_reduce_bandwidth", num, at)),
+                source=_field(link, "source", str, at)[:2000],
+            )
+        )
+    return tuple(out)
+
+
+def _axis_split(data: Mapping[str, Any], where: str) -> dict[str, tuple[int, int]]:
+    raw = data.get("axis_split", {})
+    if not isinstance(raw, dict):
+        raise ProfileFileError(f"{where}: field 'axis_split' is not an object")
+    out = {}
+    for axis, pair in raw.items():
+        ok = isinstance(pair, list) and len(pair) == 2
+        ok = ok and all(isinstance(n, int) and not isinstance(n, bool) for n in pair)
+        if not ok or not (1 <= pair[0] <= 2**20 and 1 <= pair[1] <= 2**20):
+            raise ProfileFileError(
+                f"{where}: axis_split[{str(axis)[:40]!r}] is not [devices inside, hosts]"
+            )
+        out[str(axis)] = (pair[0], pair[1])
+    return out

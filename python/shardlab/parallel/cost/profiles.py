@@ -24,10 +24,13 @@ a per-operation overhead added to every operation's roofline time.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from shardlab._core.units import human_bytes, human_time
 from shardlab.parallel.cost.compilers import Compiler, compiler_of
+from shardlab.parallel.cost.network import Link, hierarchical_time
 from shardlab.parallel.records import Collective, _Record
 
 
@@ -186,6 +189,12 @@ class DeviceProfile(_Record):
             datasheet profiles).
         collective_fits: measured per kind (and per axis or group size) alpha-beta fits;
             where one matches a collective it replaces ``link_latency`` and the bandwidths.
+        links: the network's levels, innermost first (``network.Link``: NVLink then
+            InfiniBand; ICI then DCN); where given they price collectives instead of
+            ``link_bandwidth`` and ``link_latency``.
+        axis_split: per mesh axis, ``(devices inside one host or slice, hosts or slices)``
+            (set by ``resolve_profile`` for a mesh over a target); an axis not named stays
+            inside.
         calibration: when, where and how the figures were measured (None: a datasheet).
     """
 
@@ -206,6 +215,8 @@ class DeviceProfile(_Record):
     feature_overhead: float = 0.0
     collective_fits: tuple[CollectiveFit, ...] = ()
     calibration: Calibration | None = None
+    links: tuple[Link, ...] = ()
+    axis_split: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
     @property
     def calibrated(self) -> bool:
@@ -283,7 +294,62 @@ class DeviceProfile(_Record):
             fit = self.fit_for(kind, group_size, tuple(axes))
             if fit is not None:
                 return fit.time(wire, group_size)
+        if self.links and group_size > 1:
+            return self.link_time(kind, wire, group_size, tuple(axes))
         return self.link_latency * ring_steps(kind, group_size) + wire / self.bandwidth(axes, kind)
+
+    def hosts_spanned(self, group_size: int, axes: tuple[str, ...]) -> int:
+        """How many hosts (or slices) a group over ``axes`` spans (``axis_split``)."""
+        out = math.prod(self.axis_split[a][1] for a in axes if a in self.axis_split)
+        return out if out > 1 and group_size % out == 0 else 1
+
+    def link_time(self, kind: str, wire: float, group_size: int, axes: tuple[str, ...]) -> float:
+        """Seconds of one collective on the network levels (``links``): inside a host on
+        the inner link; spanning hosts, hierarchically (``network.hierarchical_time``)."""
+        g_out = self.hosts_spanned(group_size, axes)
+        if g_out == 1 or len(self.links) == 1:
+            return self.links[0].time(kind, wire, group_size)
+        result = wire / wire_bytes(kind, 1.0, group_size)
+        return hierarchical_time(
+            self.links[0], self.links[1], kind, result, group_size // g_out, g_out
+        )
+
+    def link_of(self, group_size: int, axes: tuple[str, ...]) -> str:
+        """The name of the slowest network level a collective over ``axes`` crosses
+        (``NVLink 4``, ``InfiniBand NDR``); ``""`` for a profile without levels."""
+        if not self.links:
+            return ""
+        crosses = self.hosts_spanned(group_size, axes) > 1 and len(self.links) > 1
+        return self.links[1 if crosses else 0].name
+
+    def levels_note(self, collectives: Sequence[Collective]) -> str:
+        """``communication by network level: InfiniBand NDR 12 MiB per device, 2.1 ms
+        (over data); NVLink 4 …``: what each level carries of ``collectives``, slowest first;
+        ``""`` when everything stays on one level of one host."""
+        if not self.links or not self.axis_split:
+            return ""
+        levels: dict[str, list[Any]] = {}
+        for c in collectives:
+            if c.group_size <= 1:
+                continue
+            name = self.link_of(c.group_size, c.mesh_axes)
+            got = levels.setdefault(name, [0.0, 0.0, set()])
+            got[0] += c.wire_bytes * c.count
+            got[1] += self.time_of(c)
+            got[2].update(c.mesh_axes)
+        if not levels:
+            return ""
+        parts = [
+            f"{name} {human_bytes(b)} per device, {human_time(t)} (over {', '.join(sorted(a))})"
+            for name, (b, t, a) in sorted(levels.items(), key=lambda kv: -kv[1][1])
+        ]
+        return "communication by network level: " + "; ".join(parts)
+
+    def on_layout(self, split: Mapping[str, tuple[int, int]]) -> DeviceProfile:
+        """This profile on a mesh whose axes run ``{axis: (inside, hosts)}``."""
+        return (
+            self if dict(self.axis_split) == dict(split) else self.replace(axis_split=dict(split))
+        )
 
     def time_of(self, collective: Collective) -> float:
         """Alpha-beta seconds of a collective record, times how often it runs (``count``);
@@ -301,11 +367,73 @@ class DeviceProfile(_Record):
         return compiler_of(self.platform)
 
     def replace(self, **changes: object) -> DeviceProfile:
-        """A copy with some fields changed, e.g. ``profile.replace(link_bandwidth=50e9)``."""
+        """A copy with some fields changed, e.g. ``profile.replace(link_bandwidth=50e9)``.
+        Changing ``link_bandwidth`` or ``link_latency`` (and not ``links``) prices every
+        collective by those figures again: the network levels are dropped."""
+        if ({"link_bandwidth", "link_latency"} & set(changes)) and "links" not in changes:
+            changes["links"] = ()
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
 _GiB = 1024**3
+
+_MiB = 1024**2
+
+NVLINK4 = Link(
+    "NVLink 4",
+    bandwidth=370e9,
+    latency=13e-6,
+    curve=(
+        (8, 13.0e-6),
+        (1024, 16.2e-6),
+        (64 * 1024, 18.9e-6),
+        (_MiB, 26.9e-6),
+        (16 * _MiB, 123e-6),
+        (64 * _MiB, 325e-6),
+        (256 * _MiB, 1113e-6),
+        (1024 * _MiB, 4016e-6),
+        (16 * 1024 * _MiB, 62636e-6),
+    ),
+    all_reduce_bandwidth=480e9,
+    source="8 x H100 all-reduce by size (NVIDIA/dgxc-benchmarking nccl/README.md: 13 us at "
+    "8 B, 26.9 us at 1 MiB, 123 us at 16 MiB, 4.0 ms at 1 GiB); ~370 GB/s bus bandwidth for "
+    "the other kinds and ~480 GB/s for all-reduce with NVLink SHARP (NVIDIA/nccl-tests#212)",
+)
+INFINIBAND_NDR = Link(
+    "InfiniBand NDR",
+    bandwidth=47e9,
+    latency=20e-6,
+    source="one 400 Gb/s NDR NIC per GPU (DGX H100): 46-48 GB/s per NIC in nccl-tests "
+    "(NVIDIA/nccl-tests#290); an 8-byte all-reduce across 2 nodes takes 19-20 us "
+    "(NVIDIA/nccl-tests#150)",
+)
+NVLINK3 = Link(
+    "NVLink 3",
+    bandwidth=230e9,
+    latency=0.0,
+    step_latency=5e-6,
+    source="8 x A100: ~230 GB/s bus bandwidth at >= 8 GB messages (NVIDIA/nccl-tests#149); "
+    "5 us per ring step as the datasheet profile",
+)
+INFINIBAND_HDR = Link(
+    "InfiniBand HDR",
+    bandwidth=24e9,
+    latency=20e-6,
+    source="one 200 Gb/s HDR NIC per GPU (DGX A100): 85-96 GB/s over 4 NICs in nccl-tests "
+    "(NVIDIA/nccl-tests#119); 19-20 us for an 8-byte all-reduce across 2 nodes "
+    "(NVIDIA/nccl-tests#150)",
+)
+
+
+def _ici(bandwidth: float, source: str) -> Link:
+    return Link("ICI", bandwidth=bandwidth, latency=0.0, step_latency=10e-6, source=source)
+
+
+def _dcn(bandwidth: float, source: str) -> Link:
+    return Link("DCN", bandwidth=bandwidth, latency=20e-6, source=source)
+
+
+_DCN_LATENCY = "; latency taken as InfiniBand's (20 us), none published"
 
 DEVICE_PROFILES: dict[str, DeviceProfile] = {
     p.name: p
@@ -333,6 +461,7 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
             memory_bandwidth=2.039e12,
             link_bandwidth=300e9,
             link_latency=5e-6,
+            links=(NVLINK3, INFINIBAND_HDR),
             source="NVIDIA A100 80GB datasheet: 312 TFLOP/s BF16 dense, 2,039 GB/s HBM2e, "
             "NVLink3 600 GB/s "
             "bidirectional (300 GB/s per direction), 80 GB HBM2e",
@@ -344,6 +473,7 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
             memory_bandwidth=3.35e12,
             link_bandwidth=450e9,
             link_latency=5e-6,
+            links=(NVLINK4, INFINIBAND_NDR),
             source="NVIDIA H100 SXM datasheet: 989 TFLOP/s BF16 dense, 3.35 TB/s HBM3, "
             "NVLink4 900 GB/s "
             "bidirectional (450 GB/s per direction), 80 GB HBM3",
@@ -355,6 +485,7 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
             memory_bandwidth=4.8e12,
             link_bandwidth=450e9,
             link_latency=5e-6,
+            links=(NVLINK4, INFINIBAND_NDR),
             source="NVIDIA H200 SXM datasheet: 989 TFLOP/s BF16 dense, 141 GB HBM3e at "
             "4.8 TB/s, NVLink4 "
             "900 GB/s bidirectional (450 GB/s per direction)",
@@ -367,6 +498,18 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
             memory_bandwidth=819e9,
             link_bandwidth=100e9,
             link_latency=10e-6,
+            links=(
+                _ici(
+                    100e9,
+                    "400 GB/s bidirectional ICI per chip over 4 ports: 100 GB/s one "
+                    "way along one torus axis (both neighbours)",
+                ),
+                _dcn(
+                    3.125e9,
+                    "2 x 100 Gb/s NICs per 8-chip host: 25 Gb/s per chip "
+                    "(cloud.google.com/tpu/docs/v5e)" + _DCN_LATENCY,
+                ),
+            ),
             source="Google Cloud TPU v5e docs: 197 TFLOP/s BF16, 16 GB HBM2 at 819 GB/s, "
             "ICI 1,600 Gbps "
             "per chip (4 links; ~100 GB/s per direction along one ring axis assumed)",
@@ -379,6 +522,14 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
             memory_bandwidth=2.765e12,
             link_bandwidth=200e9,
             link_latency=10e-6,
+            links=(
+                _ici(
+                    200e9,
+                    "1,200 GB/s bidirectional ICI per chip over 6 ports: 200 GB/s "
+                    "one way along one torus axis",
+                ),
+                _dcn(6.25e9, "50 Gb/s DCN per chip (cloud.google.com/tpu/docs/v5p)" + _DCN_LATENCY),
+            ),
             source="Google Cloud TPU v5p docs: 459 TFLOP/s BF16, 95 GB HBM2e at 2,765 GB/s, "
             "ICI 4,800 Gbps per chip (6 links of a 3D torus; ~200 GB/s per direction along "
             "one ring axis assumed)",
@@ -391,6 +542,12 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
             memory_bandwidth=1.64e12,
             link_bandwidth=224e9,
             link_latency=10e-6,
+            links=(
+                _ici(224e9, "as link_bandwidth"),
+                _dcn(
+                    3.125e9, "not published for v6e; taken as v5e's 25 Gb/s per chip" + _DCN_LATENCY
+                ),
+            ),
             source="Google Cloud TPU v6e (Trillium) docs: 918 TFLOP/s BF16, 32 GB HBM at "
             "1,640 GB/s, ICI 3,584 Gbps per chip (4 links; ~224 GB/s per direction along one "
             "ring axis assumed)",
@@ -458,6 +615,18 @@ def resolve_profile(device: str | DeviceProfile | None, mesh: Any = None) -> Dev
     datasheet of the target ``mesh`` is laid over (``shardlab.target``), the default set by
     ``use_profile`` (when measured on the current devices), or the datasheet for the current
     JAX backend."""
+    profile = _resolve(device, mesh)
+    if mesh is not None and profile.links:
+        from shardlab.parallel.targets.target import mesh_layout
+
+        layout = mesh_layout(mesh)
+        if layout is not None:
+            split = zip(layout.names, layout.inner, layout.outer, strict=True)
+            return profile.on_layout({n: (i, o) for n, i, o in split if o > 1})
+    return profile
+
+
+def _resolve(device: str | DeviceProfile | None, mesh: Any) -> DeviceProfile:
     if isinstance(device, DeviceProfile):
         return device
     if device is None and mesh is not None:

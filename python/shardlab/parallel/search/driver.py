@@ -265,6 +265,9 @@ def search(
     assert plan is not None  # _mixed returns None only when a staging can still fit
     report(1.0, "done")
     plan = dataclasses.replace(plan, search_time=time.perf_counter() - start)
+    levels = problem.profile.levels_note(plan.cost.collectives)
+    if levels:
+        plan = dataclasses.replace(plan, notes=(*plan.notes, levels))
     compiled = problem.reports.known(plan)  # compiled while searching
     return plan if compiled is None else plan.with_compiled(compiled)
 

@@ -12,7 +12,6 @@ import numpy as np
 
 from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.cost.combine import loop_of, terminal_nodes
-from shardlab.parallel.cost.profiles import ring_steps
 from shardlab.parallel.search.space.candidates import Candidates
 from shardlab.parallel.search.space.space import Cand, Edge, Space, Unit
 
@@ -46,7 +45,10 @@ def combine_terminal(b: Candidates, units: list[Unit], live: list[bool]) -> None
             for c in u.cands:
                 if c.partial:
                     group = math.prod(b.sizes[a] for a in c.partial)
-                    saved = share * b.profile.link_latency * ring_steps("all-reduce", group)
+                    # the latency a combined all-reduce pays once: a zero-byte one's time
+                    saved = share * b.profile.collective_time(
+                        "all-reduce", 0.0, group, tuple(c.partial)
+                    )
                     c = dataclasses.replace(c, cost=c.cost - saved, comm=c.comm - saved)
                 got.append(c)
             adjusted[(id(u.cands), n)] = got
