@@ -51,11 +51,19 @@ def test_schedule_totals_agree_with_predict(case, specs):
         assert b.start >= a.end - 1e-12
 
 
-def test_data_parallel_gradient_reduction_overlaps_backward(case):
+def test_data_parallel_gradient_reduction_overlaps_backward_where_collectives_are_async(case):
+    """XLA:GPU and XLA:TPU run collectives asynchronously: early layers' gradients reduce
+    while later backward computes. XLA:CPU runs each collective between two operations: all
+    of it is exposed."""
     mesh, fn, params, x = case
-    tl = schedule(fn, params, x, mesh=mesh, in_shardings=([(P(), P())] * 4, P("data")))
-    assert tl.hidden > 0  # early layers' gradients reduce while later backward computes
-    assert tl.exposed > 0  # the last gradient cannot hide
+    specs = ([(P(), P())] * 4, P("data"))
+    gpu = schedule(fn, params, x, mesh=mesh, in_shardings=specs, device="h100-nvlink")
+    assert gpu.hidden > 0
+    assert gpu.exposed > 0  # the last gradient cannot hide
+    cpu = schedule(fn, params, x, mesh=mesh, in_shardings=specs)  # cpu-sim: XLA:CPU
+    assert cpu.hidden == pytest.approx(0, abs=1e-12)
+    assert cpu.exposed == pytest.approx(cpu.communication)
+    assert cpu.total == pytest.approx(cpu.compute + cpu.communication)
 
 
 def test_replicated_has_no_communication(case):

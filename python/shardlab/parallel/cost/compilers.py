@@ -21,6 +21,11 @@ here is stated in general and was read off compiled HLO (docs/parallel.md has th
   all-reduce read by the add alone, becomes ``all-reduce(a + b)``. A Megatron attention
   block's input gradient sums the q, k and v projections' partial sums and all-reduces once
   per layer; XLA:CPU all-reduces each of the three.
+* **Asynchronous collectives** (``async_collectives``): GPU and TPU split each collective into
+  a start and a done (``all-reduce-start`` … ``all-reduce-done``) and schedule independent
+  compute between them; XLA:CPU runs each collective to its end before the next operation.
+  The schedule (``schedule.py``) hides communication behind compute only where it is
+  asynchronous.
 * **Max pooling's gradient** (``expands_select_and_scatter``): XLA:CPU rewrites
   select-and-scatter into iotas, a reduce-window and a scatter, with scratch buffers for the
   indices; GPU and TPU have a native kernel.
@@ -54,6 +59,7 @@ class Compiler(_Record):
             reduce-window and a scatter with index scratch buffers.
         reassociates_partial_sums: whether partial sums over the same devices that are only
             added together are added first and all-reduced once.
+        async_collectives: whether collectives run asynchronously beside compute.
     """
 
     name: str
@@ -62,6 +68,7 @@ class Compiler(_Record):
     forms_reduce_scatter: bool = True
     expands_select_and_scatter: bool = False
     reassociates_partial_sums: bool = True
+    async_collectives: bool = True
 
     def computed_dtype(self, dtype: Any) -> Any:
         """The dtype a value of ``dtype`` is computed in (itself unless promoted)."""
@@ -93,6 +100,7 @@ COMPILERS: dict[str, Compiler] = {
             forms_reduce_scatter=False,
             expands_select_and_scatter=True,
             reassociates_partial_sums=False,
+            async_collectives=False,
         ),
         Compiler("XLA:GPU", "gpu"),
         Compiler("XLA:TPU", "tpu"),

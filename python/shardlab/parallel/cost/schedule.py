@@ -2,7 +2,9 @@
 ``jax.profiler`` trace measured it.
 
 Model (``schedule``): one in-order compute stream and one communication stream per device
-(SPMD: every device runs the same schedule). Operations compute in program order, each for
+(SPMD: every device runs the same schedule). The streams overlap only where the profile's
+compiler makes collectives asynchronous (XLA:GPU, XLA:TPU); on XLA:CPU each collective runs
+between two operations, all of it exposed. Operations compute in program order, each for
 its roofline time (per-device flops over the device peak, or the bytes it moves over the
 memory bandwidth, whichever is longer). The collectives an operation needs (resharding
 its inputs, reducing partial sums) start as soon as their data is ready — when the producers
@@ -136,6 +138,7 @@ def schedule(
         fn, *args, mesh=mesh, in_shardings=in_shardings, constraints=constraints, device=device
     )
     graph, prop, profile = prepared.graph, prepared.propagate(), prepared.profile
+    overlaps = profile.compiler.async_collectives
     end_of: dict[int, float] = {}  # node index -> compute end
     state = {"compute": 0.0, "comm": 0.0, "compute_total": 0.0, "comm_total": 0.0, "exposed": 0.0}
     events: list[Event] = []
@@ -146,8 +149,10 @@ def schedule(
         queue = []
         for position in range(first, last):
             owner = prop.collective_nodes[position] if prop.collective_nodes else -1
-            # A partial sum can be reduced as soon as its producer computed it.
-            queue.append((end_of.get(owner, ready), position))
+            # A partial sum can be reduced as soon as its producer computed it; a compiler
+            # without asynchronous collectives (XLA:CPU) runs it between two operations.
+            at = end_of.get(owner, ready)
+            queue.append((at if overlaps else max(at, state["compute"]), position))
         done = []
         for data_ready, position in sorted(queue):
             collective = prop.collectives[position]
