@@ -4,6 +4,8 @@ message size where it was measured (NCCL's curves)."""
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -42,7 +44,7 @@ def test_an_h100_all_reduce_takes_what_nccl_measured_at_each_size(size, us):
 def test_between_measured_sizes_time_grows_and_bus_bandwidth_never_exceeds_the_link():
     sizes = [2**k for k in range(3, 35)]
     times = [_all_reduce(H100, s) for s in sizes]
-    assert all(b >= a for a, b in zip(times, times[1:]))
+    assert all(b >= a for a, b in itertools.pairwise(times))
     nvlink = H100.links[0]
     for s in sizes:
         assert nvlink.bus_bandwidth("all-gather", s) <= 370e9
