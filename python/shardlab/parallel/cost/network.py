@@ -28,11 +28,24 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import math
 
 from shardlab.parallel.records import _Record
 
-__all__ = ["Link", "hierarchical_time", "message_bytes"]
+__all__ = ["Link", "hierarchical_time", "message_bytes", "ring_steps"]
+
+
+def ring_steps(kind: str, group_size: int) -> int:
+    """Latency terms (alpha) a ring algorithm pays for ``kind`` on ``group_size`` devices."""
+    n = group_size
+    if n <= 1:
+        return 0
+    if kind == "all-reduce":
+        return 2 * (n - 1)
+    if kind == "collective-permute":
+        return 1
+    return n - 1
 
 
 def _wire_factor(kind: str, n: int) -> float:
@@ -92,27 +105,30 @@ class Link(_Record):
             cap = self.all_reduce_bandwidth
         if not self.curve:
             return cap
-        factor = _wire_factor("all-reduce", self.curve_devices)
-        sizes = [s for s, _ in self.curve]
-        bus = [factor * s / t for s, t in self.curve]
+        sizes, bus, log_sizes, log_bus = self._points
         if message <= sizes[0]:
             return bus[0] * message / sizes[0]  # below the curve: the smallest one's time
         if message >= sizes[-1]:
             return min(bus[-1], cap)
         i = bisect.bisect_right(sizes, message) - 1
-        x0, x1 = math.log(sizes[i]), math.log(sizes[i + 1])
-        y0, y1 = math.log(bus[i]), math.log(bus[i + 1])
+        x0, x1, y0, y1 = log_sizes[i], log_sizes[i + 1], log_bus[i], log_bus[i + 1]
         y = y0 + (y1 - y0) * (math.log(message) - x0) / (x1 - x0)
         return min(math.exp(y), cap)
+
+    @functools.cached_property
+    def _points(self) -> tuple[list[float], list[float], list[float], list[float]]:
+        """The curve as message sizes and bus bandwidths, and their logarithms."""
+        factor = _wire_factor("all-reduce", self.curve_devices)
+        sizes = [float(s) for s, _ in self.curve]
+        bus = [factor * s / t for s, t in self.curve]
+        return sizes, bus, [math.log(s) for s in sizes], [math.log(b) for b in bus]
 
     def time(self, kind: str, wire: float, group: int) -> float:
         """Seconds of one collective sending ``wire`` bytes per device on ``group`` devices
         over this link."""
         if group <= 1:
             return 0.0
-        from shardlab.parallel.cost.profiles import ring_steps
-
-        steps = self.step_latency * ring_steps(kind, group)
+        steps = self.step_latency * ring_steps(kind, group) if self.step_latency else 0.0
         if wire <= 0:
             return self.latency + steps
         if self.curve:

@@ -31,6 +31,7 @@ from typing import Any
 from shardlab._core.units import human_bytes, human_time
 from shardlab.parallel.cost.compilers import Compiler, compiler_of
 from shardlab.parallel.cost.network import Link, hierarchical_time
+from shardlab.parallel.cost.network import ring_steps as ring_steps
 from shardlab.parallel.records import Collective, _Record
 
 
@@ -48,18 +49,6 @@ def wire_bytes(kind: str, result_bytes: float, group_size: int) -> float:
     if kind == "collective-permute":
         return float(result_bytes)
     raise ValueError(f"unknown collective kind {kind!r}")
-
-
-def ring_steps(kind: str, group_size: int) -> int:
-    """Latency terms (alpha) a ring algorithm pays for ``kind`` on ``group_size`` devices."""
-    n = group_size
-    if n <= 1:
-        return 0
-    if kind == "all-reduce":
-        return 2 * (n - 1)
-    if kind == "collective-permute":
-        return 1
-    return n - 1
 
 
 @dataclasses.dataclass(frozen=True)
