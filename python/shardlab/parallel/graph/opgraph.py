@@ -160,7 +160,7 @@ class OpGraph:
     _consumers: list[list[int]] | None = dataclasses.field(default=None, repr=False)
     _nbytes: list[int] | None = dataclasses.field(default=None, repr=False)
     _wire: list[int] | None = dataclasses.field(default=None, repr=False)
-    _views: dict[Any, OpGraph] = dataclasses.field(default_factory=dict, repr=False)
+    _views: dict[Any, OpGraph] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def nbytes(self, var: int) -> int:
         """Global bytes of a variable's buffer (as held by the compiled program: see
