@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import random
 import time
 
 import jax
@@ -473,6 +475,17 @@ HOSTILE = [
     (_set("profile", "operand_latency", "all"), "'operand_latency' is 'all'"),
     (_set("profile", "narrow_convolution", 0.5), "'narrow_convolution' is 0.5, expected"),
     (_set("profile", "feature_overhead", -1), "'feature_overhead' is -1, expected"),
+    # impossible values (issue 37)
+    (_set("profile", "calibration", "runs", -5), "'runs' is -5, expected a whole number"),
+    (_set("profile", "calibration", "device_count", 10**30), "'device_count' is 1000000"),
+    (_set("profile", "calibration", "mesh", {"all": 10**30}), "mesh axis 'all' has size"),
+    (_set("profile", "collective_fits", 0, "result_bytes", 0, -1), "'result_bytes' is -1"),
+    (_set("profile", "collective_fits", 0, "seconds", [1e-3]), "but 1 seconds; they pair up"),
+    (_set("profile", "collective_fits", 0, "group_size", 10**30), "'group_size' is 1000000"),
+    (_set("profile", "peak_flops", 10**400), "'peak_flops' is 1000000"),
+    (_set("profile", "name", "n" * 1000), "expected 1 to 200 characters"),
+    (_set("profile", "links", [{"name": "x"}]), "'bandwidth' is missing"),
+    (_set("profile", "axis_split", {"data": [0, 2]}), "axis_split['data']"),
 ]
 
 
@@ -486,6 +499,80 @@ def test_hostile_files_are_rejected_naming_the_field(calibrated, tmp_path, chang
     assert message in str(error.value)
     assert str(path) in str(error.value)
     assert isinstance(error.value, ValueError)
+
+
+def test_no_message_repeats_a_whole_field(calibrated, tmp_path):
+    """A megabyte-long field is named, not repeated (the message stays one short line)."""
+    profile, _, _ = calibrated
+    for change in (
+        _set("profile", "peak_flops", "x" * 1_000_000),
+        _set("profile", "calibration", "date", "y" * 1_000_000),
+        _set("profile", "collective_fits", 0, "kind", "z" * 1_000_000),
+        _set("version", "v" * 1_000_000),
+    ):
+        path = tmp_path / "long.json"
+        path.write_text(json.dumps(_hostile(profile, change)))
+        with pytest.raises(ProfileFileError) as error:
+            load_profile(path)
+        assert len(str(error.value)) < 400
+
+
+def test_files_that_cannot_be_parsed_or_should_not_be_read_are_refused(tmp_path):
+    """Deep nesting, a 5,000-digit integer, a path with a NUL byte, a device that never
+    ends, a FIFO that would block, a folder: each one ProfileFileError, at once."""
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    digits = tmp_path / "digits.json"
+    digits.write_text('{"format": "shardlab-device-profile", "version": ' + "9" * 5000 + "}")
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.json"
+    with open(big, "wb") as handle:
+        handle.truncate(64 * 1024 * 1024)  # sparse: no disk used
+    for path, message in (
+        (deep, "not a JSON profile file"),
+        (digits, "not a JSON profile file"),
+        (str(tmp_path / "a") + "\0b.json", "cannot read"),
+        ("/dev/zero", "not a regular file"),
+        (fifo, "not a regular file"),
+        (tmp_path, "not a regular file"),
+        (big, "larger than a profile file can be"),
+        (tmp_path / "missing.json", "cannot read"),
+    ):
+        start = time.perf_counter()
+        with pytest.raises(ProfileFileError, match=message):
+            load_profile(path)
+        assert time.perf_counter() - start < 5
+
+
+def test_mutated_files_fail_only_with_the_documented_error(calibrated, tmp_path):
+    """Random mutations of a real file: each loads or raises ProfileFileError, never another
+    exception (a fixed seed, so a failure reproduces)."""
+    profile, _, _ = calibrated
+    text = json.dumps(
+        {"format": "shardlab-device-profile", "version": 1, "profile": profile.to_dict()}
+    )
+    rng = random.Random(34)
+    junk = ["-1", "1e400", "null", "[]", "{}", '"x"', "true", "9" * 400, "[[[[", "0", "1.5"]
+    path = tmp_path / "mutated.json"
+    outcomes = {"loaded": 0, "refused": 0}
+    for _ in range(400):
+        chars = list(text)
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(chars))
+            if rng.random() < 0.5:
+                chars[at] = rng.choice('{}[]",:0123456789-eE.ntfx\\')
+            else:  # replace a value after a colon with junk
+                end = text.find(",", at)
+                chars[at : end if end > at else at + 1] = list(": " + rng.choice(junk))
+        path.write_text("".join(chars))
+        try:
+            load_profile(path)
+            outcomes["loaded"] += 1
+        except ProfileFileError as error:
+            assert len(str(error)) < 600
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 300  # most mutations break the file: the checks ran
 
 
 def test_files_that_are_not_json_are_rejected(tmp_path):

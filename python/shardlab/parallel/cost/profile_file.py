@@ -10,6 +10,7 @@ import datetime
 import json
 import math
 import os
+import stat
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,6 +42,51 @@ class ProfileFileError(ValueError):
     """A profile file that cannot be read: names the file and the field."""
 
 
+MAX_FILE_BYTES = 16 * 1024 * 1024
+"""A profile file is a few kilobytes; anything above this is not one (and is not read)."""
+
+MAX_COUNT = 2**24
+"""The largest device count, group size, run count or mesh axis a profile may name."""
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters: messages name a value, never repeat a
+    whole field."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # an integer too long to print, a deep structure
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _read_text(path: str | os.PathLike[str], where: str) -> str:
+    """The file's text, read only from a regular file of at most ``MAX_FILE_BYTES`` (a FIFO
+    would block, ``/dev/zero`` never ends)."""
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise ProfileFileError(f"{where}: not a regular file (a profile is a JSON file)")
+        if info.st_size > MAX_FILE_BYTES:
+            raise ProfileFileError(
+                f"{where}: {info.st_size} bytes, larger than a profile file can be "
+                f"({MAX_FILE_BYTES} bytes)"
+            )
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_FILE_BYTES + 1)
+    except ProfileFileError:
+        raise
+    except (OSError, ValueError) as error:  # missing, unreadable, a NUL in the path
+        raise ProfileFileError(
+            f"{where}: cannot read the profile file ({_short(error, 120)})"
+        ) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ProfileFileError(f"{where}: larger than a profile file can be")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ProfileFileError(f"{where}: not a JSON profile file ({error.reason})") from None
+
+
 def save_profile(profile: DeviceProfile, path: str | os.PathLike[str]) -> str:
     """Write ``profile`` as JSON; returns the path."""
     data = {"format": FORMAT, "version": VERSION, "profile": profile.to_dict()}
@@ -56,14 +102,15 @@ def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
         ProfileFileError: the file is not JSON, not a profile, or a field is missing or
             has the wrong type or an impossible value (the message names it).
     """
-    where = os.fspath(path)
     try:
-        with open(path) as handle:
-            data = json.load(handle)
-    except OSError as error:
-        raise ProfileFileError(f"{where}: cannot read the profile file ({error})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ProfileFileError(f"{where}: not a JSON profile file ({error})") from None
+        where = _short(os.fspath(path), 200)
+    except TypeError:
+        raise ProfileFileError(f"{_short(path)} is not a path to a profile file") from None
+    text = _read_text(path, where)
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, 4,300+ digit integers
+        raise ProfileFileError(f"{where}: not a JSON profile file ({_short(error, 120)})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ProfileFileError(
             f"{where}: not a shardlab profile (expected 'format': {FORMAT!r}; write one with "
@@ -71,14 +118,15 @@ def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
         )
     if data.get("version") != VERSION:
         raise ProfileFileError(
-            f"{where}: field 'version' is {data.get('version')!r}; this shardlab reads {VERSION}"
+            f"{where}: field 'version' is {_short(data.get('version'))}; this shardlab reads "
+            f"{VERSION}"
         )
     profile = profile_from_dict(data.get("profile"), where=where)
     if profile.calibration is None:
         return profile
     if profile.name in DEVICE_PROFILES:
         raise ProfileFileError(
-            f"{where}: field 'name' is {profile.name!r}, a datasheet profile's name; a "
+            f"{where}: field 'name' is {_short(profile.name)}, a datasheet profile's name; a "
             "calibrated profile needs its own (e.g. 'calibrated-cpu8-20261202T131500')"
         )
     return register_profile(profile)
@@ -86,17 +134,29 @@ def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
 
 def _field(data: Mapping[str, Any], name: str, kind: Any, where: str, *, positive=False) -> Any:
     if name not in data:
-        raise ProfileFileError(f"{where}: field {name!r} is missing")
+        raise ProfileFileError(f"{where}: field {_short(name)} is missing")
     value = data[name]
     kinds = kind if isinstance(kind, tuple) else (kind,)
     ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
     if ok and float in kinds and isinstance(value, (int, float)):
-        ok = math.isfinite(value) and value >= 0 and (value > 0 or not positive)
+        try:
+            ok = math.isfinite(value) and value >= 0 and (value > 0 or not positive)
+        except OverflowError:  # an integer past float's range
+            ok = False
+    if ok and int in kinds and float not in kinds and isinstance(value, int):
+        ok = -MAX_COUNT <= value <= MAX_COUNT and (value > 0 or not positive)
+        if not ok:
+            expected = f"a whole number from {1 if positive else -MAX_COUNT} to {MAX_COUNT}"
+            raise ProfileFileError(
+                f"{where}: field {name!r} is {_short(value)}, expected {expected}"
+            )
     if not ok:
         expected = (
             "a positive finite number" if positive else " or ".join(k.__name__ for k in kinds)
         )
-        raise ProfileFileError(f"{where}: field {name!r} is {value!r}, expected {expected}")
+        raise ProfileFileError(
+            f"{where}: field {_short(name)} is {_short(value)}, expected {expected}"
+        )
     return value
 
 
@@ -110,7 +170,9 @@ def _measured(
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not ok or not math.isfinite(value) or not low <= value <= high:
         within = f"from {low:g} to {high:g}" if math.isfinite(high) else f"of at least {low:g}"
-        raise ProfileFileError(f"{where}: field {name!r} is {value!r}, expected a number {within}")
+        raise ProfileFileError(
+            f"{where}: field {name!r} is {_short(value)}, expected a number {within}"
+        )
     return float(value)
 
 
@@ -137,19 +199,23 @@ def profile_from_dict(data: Any, *, where: str = "profile") -> DeviceProfile:
     for i, fit in enumerate(raw_fits):
         at = f"{where}: collective_fits[{i}]"
         if not isinstance(fit, dict):
-            raise ProfileFileError(f"{at} is {fit!r}, expected an object")
+            raise ProfileFileError(f"{at} is {_short(fit)}, expected an object")
         kind = _field(fit, "kind", str, at)
         if kind not in COLLECTIVE_KINDS:
             raise ProfileFileError(
-                f"{at}: field 'kind' is {kind!r}; known: {', '.join(COLLECTIVE_KINDS)}"
+                f"{at}: field 'kind' is {_short(kind)}; known: {', '.join(COLLECTIVE_KINDS)}"
             )
         group = _field(fit, "group_size", int, at)
         if group < 2:
             raise ProfileFileError(f"{at}: field 'group_size' is {group!r}, expected 2 or more")
         sizes = _field(fit, "result_bytes", list, at)
         seconds = _field(fit, "seconds", list, at)
+        if len(sizes) != len(seconds):
+            raise ProfileFileError(
+                f"{at}: {len(sizes)} result_bytes but {len(seconds)} seconds; they pair up"
+            )
         for j, s in enumerate(sizes):
-            _field({"result_bytes": s}, "result_bytes", int, f"{at}[{j}]")
+            _field({"result_bytes": s}, "result_bytes", int, f"{at}[{j}]", positive=True)
         for j, s in enumerate(seconds):
             _field({"seconds": s}, "seconds", num, f"{at}[{j}]", positive=True)
         fits.append(
@@ -169,21 +235,22 @@ def profile_from_dict(data: Any, *, where: str = "profile") -> DeviceProfile:
     if raw is not None:
         at = f"{where}: calibration"
         if not isinstance(raw, dict):
-            raise ProfileFileError(f"{at} is {raw!r}, expected an object or null")
+            raise ProfileFileError(f"{at} is {_short(raw)}, expected an object or null")
         date = _field(raw, "date", str, at)
         try:
             datetime.datetime.fromisoformat(date.replace("Z", "+00:00"))
         except ValueError:
             raise ProfileFileError(
-                f"{at}: field 'date' is {date!r}, expected ISO 8601 (2026-12-02T13:00:00Z)"
+                f"{at}: field 'date' is {_short(date)}, expected ISO 8601 (2026-12-02T13:00:00Z)"
             ) from None
         mesh = _field(raw, "mesh", dict, at)
         for axis, size in mesh.items():
-            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-                raise ProfileFileError(f"{at}: mesh axis {axis!r} has size {size!r}")
-        count = _field(raw, "device_count", int, at)
-        if count < 1:
-            raise ProfileFileError(f"{at}: field 'device_count' is {count!r}, expected ≥ 1")
+            if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_COUNT:
+                raise ProfileFileError(
+                    f"{at}: mesh axis {_short(axis)} has size {_short(size)}, expected a "
+                    f"whole number from 1 to {MAX_COUNT}"
+                )
+        count = _field(raw, "device_count", int, at, positive=True)
         calibration = Calibration(
             date=date,
             platform=_field(raw, "platform", str, at),
@@ -192,15 +259,17 @@ def profile_from_dict(data: Any, *, where: str = "profile") -> DeviceProfile:
             mesh={str(k): int(v) for k, v in mesh.items()},
             quick=_field(raw, "quick", bool, at),
             seconds=float(_field(raw, "seconds", num, at)),
-            runs=_field(raw, "runs", int, at),
+            runs=_field(raw, "runs", int, at, positive=True),
             matmul_residual=float(_field(raw, "matmul_residual", num, at)),
             bandwidth_residual=float(_field(raw, "bandwidth_residual", num, at)),
             dispatch=float(_field(raw, "dispatch", num, at)),
-            jax_version=str(raw.get("jax_version", "")),
+            jax_version=str(raw.get("jax_version", ""))[:80],
         )
     name = _field(data, "name", str, where)
-    if not name:
-        raise ProfileFileError(f"{where}: field 'name' is empty")
+    if not name or len(name) > 200:
+        raise ProfileFileError(
+            f"{where}: field 'name' is {_short(name)}, expected 1 to 200 characters"
+        )
     platform = _platform(data, calibration, where)
     return DeviceProfile(
         name=name,
@@ -212,7 +281,7 @@ def profile_from_dict(data: Any, *, where: str = "profile") -> DeviceProfile:
         axis_bandwidth=_number_map(data, "axis_bandwidth", where),
         kind_bandwidth=_number_map(data, "kind_bandwidth", where),
         platform=platform,
-        source=_field(data, "source", str, where),
+        source=_field(data, "source", str, where)[:4000],
         op_overhead=float(_field(data, "op_overhead", num, where)),
         overlap=_measured(data, "overlap", 1.0, where, (0.0, 1.0)),
         operand_latency=_measured(data, "operand_latency", 0.0, where, (0.0, 1.0)),
