@@ -11,6 +11,7 @@ of the current devices.
 
 from __future__ import annotations
 
+import os
 import shlex
 from typing import TYPE_CHECKING, Any
 
@@ -139,6 +140,8 @@ class CalibrateMagics(Magics):
         first when nothing is cached).
         """
         options = self._parse(line)
+        if "--save" in options:
+            _check_writable(options["--save"])  # before measuring, not after
         from shardlab.parallel.cost.calibrate import calibrate, load_profile, save_profile
 
         profile = None
@@ -168,7 +171,15 @@ class CalibrateMagics(Magics):
         if "--save" in options:
             if profile is None:
                 raise UsageError("%calibrate --save: nothing measured yet; run %calibrate first")
-            print(f"saved {save_profile(profile, options['--save'])}")
+            try:
+                saved = save_profile(profile, options["--save"])
+            except (OSError, ValueError) as error:  # a missing folder, a folder, a NUL byte
+                raise UsageError(
+                    f"%calibrate --save {options['--save'][:80]!r}: cannot write there "
+                    f"({type(error).__name__}: {str(error)[:120]}); give a file path in an "
+                    "existing folder, e.g. --save profile.json"
+                ) from None
+            print(f"saved {saved}")
         if "--use" in options:
             self.use_by_default = True
             self._apply()
@@ -212,3 +223,21 @@ class CalibrateMagics(Magics):
         if "--use" in options and "--no-use" in options:
             raise UsageError("%calibrate: --use and --no-use contradict; give one")
         return options
+
+
+def _check_writable(path: str) -> None:
+    """``--save PATH`` names a file that can be written: not a folder, in one that exists.
+
+    Raises:
+        UsageError: naming the path and a valid form.
+    """
+    shown = path if len(path) <= 80 else path[:79] + "…"
+    folder = os.path.dirname(os.path.abspath(path)) if "\0" not in path else ""
+    if "\0" in path or os.path.isdir(path) or not os.path.isdir(folder):
+        why = (
+            "a folder" if "\0" not in path and os.path.isdir(path) else "not in an existing folder"
+        )
+        raise UsageError(
+            f"%calibrate --save {shown!r}: {why}; give a file path in an existing folder, "
+            "e.g. --save profile.json"
+        )

@@ -19,6 +19,8 @@ hooks (so a cell's mode applies there too) and shows what the engines printed.
 from __future__ import annotations
 
 import argparse
+import keyword
+import math
 import shlex
 import sys
 from typing import TYPE_CHECKING, Any
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
+from shardlab._core.platforms import nvidia_driver_present
 from shardlab.cluster.manager import ClusterError, LocalCluster, ProcessOutput, device_sets
 
 if TYPE_CHECKING:
@@ -45,22 +48,71 @@ class _ArgumentParser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}\n{self.format_usage().strip()}")
 
 
+def _count(low: int, high: int) -> Any:
+    """An argparse type: a whole number from ``low`` to ``high`` (argparse names the option
+    and the value in its error)."""
+
+    def parse(text: str) -> int:
+        if len(text) > 12 or not text.strip().lstrip("+-").isdigit():
+            raise argparse.ArgumentTypeError(f"{text[:20]!r} is not a whole number")
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is outside {low}..{high}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    """``--timeout``: finite seconds, at least one (shorter stops every cell at once)."""
+    try:
+        value = float(text[:40])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r} is not a number of seconds") from None
+    if not math.isfinite(value) or not 1 <= value <= 7 * 24 * 3600:
+        raise argparse.ArgumentTypeError(
+            f"{text[:20]} seconds: give 1 to 604800 (leave --timeout out for none)"
+        )
+    return value
+
+
 def _start_parser() -> argparse.ArgumentParser:
     parser = _ArgumentParser(prog="%cluster start", add_help=False)
-    parser.add_argument("-n", type=int, default=2, help="number of processes")
+    parser.add_argument("-n", type=_count(1, 64), default=2, help="number of processes")
     devices = parser.add_mutually_exclusive_group()
-    devices.add_argument("--devices-per-process", type=int, default=None)
+    devices.add_argument("--devices-per-process", type=_count(1, 4096), default=None)
     devices.add_argument("--gpus", default=None, help="0,1,... or per-process")
-    parser.add_argument("--heartbeat-timeout", type=int, default=10)
-    parser.add_argument("--init-timeout", type=int, default=30)
+    parser.add_argument("--heartbeat-timeout", type=_count(1, 3600), default=10)
+    parser.add_argument("--init-timeout", type=_count(1, 3600), default=30)
     return parser
 
 
 def _spmd_parser(prog: str) -> argparse.ArgumentParser:
     parser = _ArgumentParser(prog=prog, add_help=False)
     parser.add_argument("--all", action="store_true", help="show every process's output")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds")
+    parser.add_argument("--timeout", type=_seconds, default=None, help="seconds")
     return parser
+
+
+def _words(line: str, prog: str, *, posix: bool = True) -> list[str]:
+    """The magic's arguments split as a shell would; an unclosed quote is a usage error."""
+    try:
+        return shlex.split(line, posix=posix)
+    except ValueError as error:  # "No closing quotation", "No escaped character"
+        raise UsageError(f"{prog}: {str(error).lower()} in {line[:60]!r}") from None
+
+
+def _plain_name(text: str, what: str) -> str:
+    """A variable name (``loss``, ``plan``) or a dotted attribute path (``state.params``),
+    never an expression, a keyword or a dunder (``__builtins__``)."""
+    parts = text.split(".")
+    ok = all(p.isidentifier() and not keyword.iskeyword(p) for p in parts)
+    if not ok or any(p.startswith("__") and p.endswith("__") for p in parts) or len(text) > 200:
+        raise UsageError(
+            f"%cluster pull: {what} {text[:40]!r} is not a variable name; give a name such "
+            "as loss or state.params"
+        )
+    return text
 
 
 class SpmdError(RuntimeError):
@@ -94,10 +146,12 @@ class ClusterMagics(Magics):
     def cluster(self, line: str) -> None:
         """Start, inspect, stop or restart the local cluster: ``%cluster start|status|stop|
         restart|pull``. See ``docs/guide/cluster.md``."""
-        words = shlex.split(line)
+        words = _words(line, "%cluster")
         if not words:
             raise UsageError("%cluster: use %cluster start|status|stop|restart|pull NAME")
         command, rest = words[0], words[1:]
+        if command in ("status", "stop") and rest:
+            raise UsageError(f"%cluster {command} takes no arguments (got {' '.join(rest)[:40]!r})")
         if command == "start":
             self._start(rest)
         elif command == "status":
@@ -112,7 +166,8 @@ class ClusterMagics(Magics):
             self._pull(rest)
         else:
             raise UsageError(
-                f"%cluster: unknown command {command!r}; use start, status, stop, restart or pull"
+                f"%cluster: unknown command {command[:40]!r}; use start, status, stop, restart "
+                "or pull"
             )
 
     def _start(self, args: list[str]) -> None:
@@ -123,6 +178,11 @@ class ClusterMagics(Magics):
         ):
             raise UsageError("%cluster start: a cluster is running; use %cluster restart")
         options = _start_parser().parse_args(args)
+        if options.gpus is not None and not nvidia_driver_present():
+            raise UsageError(
+                f"%cluster start: --gpus {options.gpus[:40]}: this machine has no NVIDIA GPU "
+                "driver; run on CPU devices with --devices-per-process 4"
+            )
         self._stop()  # what is left of a cluster that died or timed out
         try:
             devices = device_sets(
@@ -175,6 +235,13 @@ class ClusterMagics(Magics):
         parser.add_argument("--process", type=int, default=0)
         parser.add_argument("--as", dest="local", default=None)
         options = parser.parse_args(args)
+        _plain_name(options.name, "NAME")
+        if options.local is not None:
+            _plain_name(options.local, "--as")
+            if "." in options.local:
+                raise UsageError(
+                    f"%cluster pull: --as {options.local[:40]!r}: give one variable name"
+                )
         cluster = self._running()
         if not 0 <= options.process < cluster.n:
             raise UsageError(
@@ -209,14 +276,15 @@ class ClusterMagics(Magics):
         stops the cluster.
         """
         __tracebackhide__ = True
-        options = _spmd_parser("%%spmd").parse_args(shlex.split(line))
+        options = _spmd_parser("%%spmd").parse_args(_words(line, "%%spmd"))
         self._spmd(cell, options)
 
     @line_magic("spmd")
     def spmd_line(self, line: str) -> None:
         """One line on every process: ``%spmd [--all] [--timeout S] CODE``."""
         __tracebackhide__ = True
-        options, rest = _spmd_parser("%spmd").parse_known_args(shlex.split(line, posix=False))
+        words = _words(line, "%spmd", posix=False)
+        options, rest = _spmd_parser("%spmd").parse_known_args(words)
         code = line[line.index(rest[0]) :] if rest else ""
         if not code.strip():
             raise UsageError("%spmd: give the code to run, e.g. %spmd --all %devices")

@@ -141,12 +141,19 @@ class ShardlabMagics(Magics):
         options = set()
         for token in line.split():
             if token.startswith(_OFFSET_FLAG):
-                offset = int(token[len(_OFFSET_FLAG) :])
+                number = token[len(_OFFSET_FLAG) :]
+                if not number.isdigit() or len(number) > 9:
+                    raise UsageError(
+                        f"%%graph: {token[:60]!r}: the line offset is a whole number "
+                        f"({_OFFSET_FLAG}1); the kernel sets it, a cell need not"
+                    )
+                offset = int(number)
             elif token in _GRAPH_OPTIONS:
                 options.add(token)
             else:
                 raise UsageError(
-                    f"%%graph: unknown option {token!r}; use %%graph [--show-converted] [--strict]"
+                    f"%%graph: unknown option {token[:60]!r}; use %%graph [--show-converted] "
+                    "[--strict]"
                 )
         self._graph_options = options
         wrapped = self._cell_magic_around(cell, offset)

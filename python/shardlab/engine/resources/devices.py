@@ -63,11 +63,17 @@ def parse_devices(value: str) -> DeviceSet:
         DeviceSpecError: naming the value and the valid forms.
     """
     text = value.strip().lower()
-    match = _SPEC.match(text)
+    match = _SPEC.match(text) if len(text) <= 200 else None
+    shown = value if len(value) <= 40 else value[:39] + "…"
     if not match:
         raise DeviceSpecError(
-            f"device set {value!r} is not valid; use cpu:N (N ≥ 1 simulated CPU devices, "
+            f"device set {shown!r} is not valid; use cpu:N (N ≥ 1 simulated CPU devices, "
             "e.g. cpu:8), gpu:I,J,... (e.g. gpu:0,1) or gpu:all"
+        )
+    value = shown
+    if any(len(number) > 9 for number in match.group(2).split(",")):
+        raise DeviceSpecError(
+            f"device set {value!r}: a number that long names no device; e.g. cpu:8 or gpu:0,1"
         )
     platform, rest = match.group(1), match.group(2)
     if platform == "cpu":
