@@ -494,7 +494,9 @@ def predict_pipeline(
             f"the mesh with a stage axis, e.g. shardlab.mesh(stage={spec.stages}, ...)"
         )
     plan_cost = getattr(plan_or_binding, "cost", None)
-    profile = resolve_profile(device if device is not None else getattr(plan_cost, "device", None))
+    profile = resolve_profile(
+        device if device is not None else getattr(plan_cost, "device", None), mesh
+    )
     graph = held_graph(graph, profile.compiler)
     if input_layouts is None:
         specs = getattr(plan_or_binding, "input_specs", None)

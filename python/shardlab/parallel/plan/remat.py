@@ -195,7 +195,7 @@ def _priced(plan: Any) -> tuple[OpGraph, Any, dict[str, int], Any, Any]:
         )
     g = b.graph
     sizes = mesh_shape_of(b.mesh)
-    profile = resolve_profile(plan.cost.device)
+    profile = resolve_profile(plan.cost.device, b.mesh)
     constraints = {g.nodes[i].outputs[0]: lays[0] for i, _, lays in plan.constraints if lays[0]}
     prop = propagate(
         g,

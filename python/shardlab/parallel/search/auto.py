@@ -126,7 +126,9 @@ def confirm_plan(
         raise SearchError(
             "shardlab.confirm(plan) needs a bound plan: plan.bind(fn, *args, mesh=mesh) first"
         )
-    problem = Problem(binding.traced, binding.mesh, resolve_profile(device or plan.cost.device))
+    problem = Problem(
+        binding.traced, binding.mesh, resolve_profile(device or plan.cost.device, binding.mesh)
+    )
     budget = plan.memory_budget if memory_budget is None else memory_budget
     target = None if budget is None else float(budget)
     args = (plan, problem, budget, target, lambda fraction, message: None)
