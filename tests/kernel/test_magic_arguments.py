@@ -33,6 +33,7 @@ BAD = [
     ("%cluster pull px --as a.b", "give one variable name"),
     ("%cluster pull \"__import__('os').getpid()\"", "is not a variable name"),
     ("%cluster pull lambda", "is not a variable name"),
+    ("%cluster pull state.params", "e.g. --as params"),
     ("%cluster stop now", "takes no arguments"),
     ("%cluster status everything", "takes no arguments"),
     ("%devices cpu:" + "9" * 5000, "is not valid; use cpu:N"),

@@ -236,6 +236,11 @@ class ClusterMagics(Magics):
         parser.add_argument("--as", dest="local", default=None)
         options = parser.parse_args(args)
         _plain_name(options.name, "NAME")
+        if "." in options.name and options.local is None:
+            raise UsageError(
+                f"%cluster pull {options.name[:40]}: name the local variable for an attribute "
+                f"path, e.g. --as {options.name.rsplit('.', 1)[1]}"
+            )
         if options.local is not None:
             _plain_name(options.local, "--as")
             if "." in options.local:
