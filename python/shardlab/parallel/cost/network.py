@@ -18,8 +18,8 @@ Bandwidth depends on message size. A ``Link`` with a measured ``curve`` (seconds
 all-reduce by message size, as ``nccl-tests`` prints them) prices every message by the bus
 bandwidth the curve reaches at that size, interpolated in log-log between its points; NCCL's
 bus bandwidth is defined so that it is the same figure for every collective kind (its wire
-bytes per device, which are the ring formulas of ``profiles.wire_bytes``, over the time). A
-link without a curve is alpha-beta: a fixed latency (or one per ring step) plus the wire
+bytes per device — the ring formulas of ``wire_bytes``, tabled in ``profiles.py`` — over the
+time). A link without a curve is alpha-beta: a fixed latency (or one per ring step) plus the wire
 bytes over its bandwidth. The figures and their sources are in ``profiles.py`` and
 docs/design/parallel.md.
 """
@@ -33,7 +33,7 @@ import math
 
 from shardlab.parallel.records import _Record
 
-__all__ = ["Link", "hierarchical_time", "message_bytes", "ring_steps"]
+__all__ = ["Link", "hierarchical_time", "message_bytes", "ring_steps", "wire_bytes"]
 
 
 def ring_steps(kind: str, group_size: int) -> int:
@@ -48,24 +48,30 @@ def ring_steps(kind: str, group_size: int) -> int:
     return n - 1
 
 
-def _wire_factor(kind: str, n: int) -> float:
-    """Wire bytes per device over the message (buffer) bytes NCCL sizes a collective by:
-    2(n-1)/n for an all-reduce, (n-1)/n for an all-gather (its output), a reduce-scatter
-    (its input) and an all-to-all, 1 for a permute."""
+def wire_bytes(kind: str, result_bytes: float, group_size: int) -> float:
+    """Bytes one device sends under the ring model (the table in ``profiles.py``)."""
+    n = group_size
     if n <= 1:
         return 0.0
+    if kind == "all-gather" or kind == "all-to-all":
+        return (n - 1) / n * result_bytes
+    if kind == "reduce-scatter":
+        return float((n - 1) * result_bytes)
     if kind == "all-reduce":
-        return 2 * (n - 1) / n
+        return 2 * (n - 1) / n * result_bytes
     if kind == "collective-permute":
-        return 1.0
-    return (n - 1) / n
+        return float(result_bytes)
+    raise ValueError(f"unknown collective kind {kind!r}")
 
 
 def message_bytes(kind: str, wire: float, group: int) -> float:
     """The message size (buffer bytes, as ``nccl-tests`` reports ``size``) of a collective
     that sends ``wire`` bytes per device on ``group`` devices."""
-    factor = _wire_factor(kind, group)
-    return wire / factor if factor else 0.0
+    per_result = wire_bytes(kind, 1.0, group)
+    if not per_result:
+        return 0.0
+    result = wire / per_result
+    return result * group if kind == "reduce-scatter" else result  # its input
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +124,7 @@ class Link(_Record):
     @functools.cached_property
     def _points(self) -> tuple[list[float], list[float], list[float], list[float]]:
         """The curve as message sizes and bus bandwidths, and their logarithms."""
-        factor = _wire_factor("all-reduce", self.curve_devices)
+        factor = wire_bytes("all-reduce", 1.0, self.curve_devices)
         sizes = [float(s) for s, _ in self.curve]
         bus = [factor * s / t for s, t in self.curve]
         return sizes, bus, [math.log(s) for s in sizes], [math.log(b) for b in bus]

@@ -32,23 +32,8 @@ from shardlab._core.units import human_bytes, human_time
 from shardlab.parallel.cost.compilers import Compiler, compiler_of
 from shardlab.parallel.cost.network import Link, hierarchical_time
 from shardlab.parallel.cost.network import ring_steps as ring_steps
+from shardlab.parallel.cost.network import wire_bytes as wire_bytes
 from shardlab.parallel.records import Collective, _Record
-
-
-def wire_bytes(kind: str, result_bytes: float, group_size: int) -> float:
-    """Bytes one device sends under the ring model (see the module docstring)."""
-    n = group_size
-    if n <= 1:
-        return 0.0
-    if kind == "all-gather" or kind == "all-to-all":
-        return (n - 1) / n * result_bytes
-    if kind == "reduce-scatter":
-        return float((n - 1) * result_bytes)
-    if kind == "all-reduce":
-        return 2 * (n - 1) / n * result_bytes
-    if kind == "collective-permute":
-        return float(result_bytes)
-    raise ValueError(f"unknown collective kind {kind!r}")
 
 
 @dataclasses.dataclass(frozen=True)
