@@ -157,7 +157,7 @@ def cost_text(cost: Any) -> str:
     """``CostBreakdown(...)`` in one line: step time, communication, memory, profile."""
     return (
         f"CostBreakdown(predicted {human_time(cost.time)}: compute "
-        f"{human_time(cost.compute_time)} + comm {human_time(cost.comm_time)}; "
+        f"{human_time(cost.compute_time)} + {cost.comm_words(human_time)}; "
         f"{human_bytes(cost.total_comm_bytes)} on the wire per device "
         f"({_per_kind(cost.comm_bytes)}); peak {human_bytes(cost.memory.peak)} per device; "
         f"profile {cost.device})"

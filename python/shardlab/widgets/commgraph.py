@@ -219,8 +219,9 @@ class CommGraphView(View):
             )
         if self.predicted is not None:
             parts.append(
-                f"<div>predicted step: compute {human_time(self.predicted.compute_time)} + "
-                f"communication {human_time(self.predicted.comm_time)} "
+                f"<div>predicted step {human_time(self.predicted.time)}: compute "
+                f"{human_time(self.predicted.compute_time)} + "
+                f"{esc(self.predicted.comm_words(human_time, 'communication'))} "
                 f"({esc(self.predicted.device)})</div>"
             )
         parts.extend(f"<div class='sl-note'>{esc(n)}</div>" for n in self.notes)

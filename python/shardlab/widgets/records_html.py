@@ -90,7 +90,7 @@ def plan_html(plan: Any) -> str:
             (
                 "predicted step",
                 f"<b>{fmt_time(cost.time)}</b> (compute {fmt_time(cost.compute_time)}, "
-                f"communication {fmt_time(cost.comm_time)})",
+                f"{cost.comm_words(fmt_time, 'communication')})",
             ),
             (
                 "communication",
@@ -185,7 +185,7 @@ def cost_html(cost: CostBreakdown) -> str:
             (
                 "predicted step",
                 f"<b>{fmt_time(cost.time)}</b> (compute {fmt_time(cost.compute_time)}, "
-                f"communication {fmt_time(cost.comm_time)}; no overlap assumed)",
+                f"{cost.comm_words(fmt_time, 'communication')})",
             ),
             (
                 "communication",

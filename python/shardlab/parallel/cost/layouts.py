@@ -406,3 +406,34 @@ def convolution_features(
         local(shapes[lhs], ins[0], numbers.lhs_spec[1]),
         local(shapes[out], outs[0], numbers.out_spec[1]),
     )
+
+
+def matmul_dims(
+    node: Any,
+    shapes: Any,
+    ins: Sequence[DimAxes],
+    sizes: Mapping[str, int],
+) -> tuple[int, int, int, int] | None:
+    """A ``dot_general``'s per-device ``(batch, m, n, k)`` (its operands laid out as
+    ``ins``): the batch dimensions, the left operand's free dimensions, the right one's,
+    and the contracting dimensions, each the product of their local sizes. They set how
+    fast it runs on an accelerator (``DeviceProfile.op_time``); None for any other op."""
+    if node.primitive != "dot_general" or len(node.inputs) != 2 or len(ins) < 2:
+        return None
+    numbers = node.params.get("dimension_numbers")
+    if numbers is None:
+        return None
+    (lc, rc), (lb, rb) = numbers
+    lhs, rhs = shapes[node.inputs[0]], shapes[node.inputs[1]]
+
+    def local(shape: Any, dims: DimAxes, d: int) -> int:
+        return max(1, int(shape[d]) // max(1, _count(dims[d], sizes) if d < len(dims) else 1))
+
+    def product(shape: Any, dims: DimAxes, which: Any) -> int:
+        return math.prod(local(shape, dims, d) for d in which)
+
+    batch = product(lhs, ins[0], lb)
+    contracting = product(lhs, ins[0], lc)
+    m = product(lhs, ins[0], [d for d in range(len(lhs)) if d not in set(lc) | set(lb)])
+    n = product(rhs, ins[1], [d for d in range(len(rhs)) if d not in set(rc) | set(rb)])
+    return batch, m, n, contracting

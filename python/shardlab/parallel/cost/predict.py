@@ -18,6 +18,7 @@ from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.cost.combine import combine_all_reduces
 from shardlab.parallel.cost.compilers import held_graph
 from shardlab.parallel.cost.memory import all_reduce_spans, device_memory
+from shardlab.parallel.cost.overlap import run_streams
 from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile
 from shardlab.parallel.cost.propagate import Propagation, propagate
 from shardlab.parallel.graph.opgraph import Node, OpGraph
@@ -144,7 +145,9 @@ def layout_cost(
     """The cost model's account of a strategy given as layouts (what ``predict``, the
     baselines and hand-specified plans share): propagate through the graph, combine
     independent all-reduces as XLA's combiner does (the bytes add up, the latency is paid
-    once), and assemble the breakdown with per-device memory."""
+    once), charge the share of communication the compute does not hide (``overlap.py``;
+    all of it on a compiler without asynchronous collectives), and assemble the breakdown
+    with per-device memory."""
     prop = propagate(
         graph,
         list(ins),
@@ -154,6 +157,11 @@ def layout_cost(
         output_layouts=None if output_layouts is None else list(output_layouts),
     )
     collectives = combine_all_reduces(graph, prop.collectives, prop.collective_nodes)
+    share = (
+        run_streams(graph, prop, profile, combined=collectives).exposed_share
+        if profile.compiler.async_collectives
+        else 1.0
+    )
     cost = CostBreakdown.from_collectives(
         collectives,
         profile,
@@ -161,6 +169,7 @@ def layout_cost(
         compute_time=prop.compute_time,
         memory=memory_estimate(graph, prop, sizes, profile),
         warnings=tuple(dict.fromkeys(prop.warnings)),
+        exposed_share=share,
     )
     return cost, prop
 

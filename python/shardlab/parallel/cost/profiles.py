@@ -170,6 +170,18 @@ class DeviceProfile(_Record):
             (set by ``resolve_profile`` for a mesh over a target); an axis not named stays
             inside.
         calibration: when, where and how the figures were measured (None: a datasheet).
+        matmul_efficiency: the share of ``peak_flops`` a large matrix multiply reaches
+            (datasheet profiles: measured figures, see ``MATMUL_SOURCES``; 1 for calibrated
+            profiles, whose ``peak_flops`` is already a measured rate).
+        memory_efficiency: the share of ``memory_bandwidth`` operations reach (1 for
+            calibrated profiles, whose bandwidth is measured).
+        matmul_latency: seconds every matrix multiply costs on top of its roofline, however
+            small (a kernel's start and its last tile's drain; 0 for calibrated profiles,
+            whose ``op_overhead`` covers every operation).
+        matmul_tile: a systolic matrix unit's side (a TPU's MXU: 128 on v5e and v5p, 256
+            on v6e): a matrix multiply's free and contracting dimensions are computed in
+            whole tiles, so a dimension of 130 costs as 256; 0: no such rounding (GPUs,
+            whose kernels choose their tile to the shape).
     """
 
     name: str
@@ -191,6 +203,10 @@ class DeviceProfile(_Record):
     calibration: Calibration | None = None
     links: tuple[Link, ...] = ()
     axis_split: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    matmul_efficiency: float = 1.0
+    memory_efficiency: float = 1.0
+    matmul_latency: float = 0.0
+    matmul_tile: int = 0
 
     @property
     def calibrated(self) -> bool:
@@ -234,17 +250,57 @@ class DeviceProfile(_Record):
         return min(found) if found else self.link_bandwidth
 
     def op_time(
-        self, flops: float, nbytes: float, *, features: tuple[int, int] | None = None
+        self,
+        flops: float,
+        nbytes: float,
+        *,
+        features: tuple[int, int] | None = None,
+        matmul: tuple[int, int, int, int] | None = None,
     ) -> float:
         """Roofline seconds of one operation: compute- or memory-bound, whichever is slower,
-        plus the part of the other that does not overlap it (``overlap``). ``features``: a
-        convolution's per-device input and output features (``convolution_factor``)."""
+        plus the part of the other that does not overlap it (``overlap``), at the rates the
+        device reaches (``memory_efficiency``; a matrix multiply at ``matmul_efficiency``
+        of the peak, in whole ``matmul_tile`` tiles, plus ``matmul_latency``).
+        ``features``: a convolution's per-device input and output features
+        (``convolution_factor``); ``matmul``: a matrix multiply's per-device
+        ``(batch, m, n, k)`` (``layouts.matmul_dims``)."""
         compute = flops / self.peak_flops
+        extra = self.op_overhead
         if features is not None:
             compute *= self.convolution_factor(*features)
-        memory = nbytes / self.memory_bandwidth
+        if matmul is not None:
+            compute /= self.matmul_efficiency
+            if self.matmul_tile > 1:
+                compute *= self.tile_padding(matmul)
+            extra += self.matmul_latency
+        memory = nbytes / (self.memory_bandwidth * self.memory_efficiency)
+        roofline = max(compute, memory) + (1.0 - self.overlap) * min(compute, memory)
+        return roofline + extra if roofline > 0 else roofline
+
+    def program_time(self, flops: float, nbytes: float) -> float:
+        """The roofline of a whole program's per-device totals (what ``cost_analysis``
+        reports): its flops at the matrix multiplies' achievable rate (they are nearly all
+        of a training step's), its bytes at the achievable memory bandwidth."""
+        compute = flops / (self.peak_flops * self.matmul_efficiency)
+        memory = nbytes / (self.memory_bandwidth * self.memory_efficiency)
         roofline = max(compute, memory) + (1.0 - self.overlap) * min(compute, memory)
         return roofline + self.op_overhead if roofline > 0 else roofline
+
+    def tile_padding(self, matmul: tuple[int, int, int, int]) -> float:
+        """How many times the work of a ``(batch, m, n, k)`` matrix multiply its whole
+        ``matmul_tile`` tiles hold (1: every dimension a multiple of the tile)."""
+        t = self.matmul_tile
+        _, m, n, k = matmul
+        padded = [-(-d // t) * t / d for d in (m, n, k) if d > 0]
+        return math.prod(padded)
+
+    def achieved_rate(self, matmul: tuple[int, int, int, int], itemsize: int = 2) -> float:
+        """Flop/s one matrix multiply of this ``(batch, m, n, k)`` reaches on this device
+        (its operands and result of ``itemsize`` bytes, read and written once)."""
+        b, m, n, k = matmul
+        flops = 2.0 * b * m * n * k
+        nbytes = float(itemsize * b * (m * k + k * n + m * n))
+        return flops / self.op_time(flops, nbytes, matmul=matmul)
 
     def convolution_factor(self, features_in: int, features_out: int) -> float:
         """How many times slower than the rate a convolution with these per-device input
@@ -409,6 +465,31 @@ def _dcn(bandwidth: float, source: str) -> Link:
 
 _DCN_LATENCY = "; latency taken as InfiniBand's (20 us), none published"
 
+# What a datasheet's peak becomes in a real step (``DeviceProfile.op_time``). GPU figures come
+# from XLA's own measured table of matrix multiplies on H100 (openxla/xla:
+# xla/service/gpu/model/matmul_interpolator_data.h, "sm_90", bf16, batch 1-4 and m, n, k from
+# 256 to 4096): one roofline with 800 TFLOP/s (0.81 of 989), 0.9 of the HBM bandwidth and
+# 6 us per multiply reproduces its 4096^3 row (783 TFLOP/s) and the small rows (11-42
+# TFLOP/s at 256-512), mean error 7% on the rows the figures were not read from
+# (docs/design/parallel.md, "Achievable rates"). The scaling book measures 94% of HBM
+# bandwidth on a large add (jax-ml/scaling-book gpus.md). A100: no such table is published
+# (XLA ships sm_90 and sm_100 only); taken as H100's shares. TPU: the MXU is a 128 x 128
+# systolic array (256 x 256 on v6e; cloud.google.com/tpu/docs/system-architecture), so
+# dimensions are computed in whole tiles; no per-shape table is published, the share 0.9 is
+# assumed (MaxText's 71.5% MFU on v5p-128, runtime_performance_results.md, needs at least
+# 0.75) and there is no kernel launch to pay.
+GPU_RATES: dict[str, Any] = {
+    "matmul_efficiency": 0.81,
+    "memory_efficiency": 0.9,
+    "matmul_latency": 6e-6,
+}
+TPU_RATES: dict[str, Any] = {"matmul_efficiency": 0.9, "memory_efficiency": 0.9}
+MATMUL_SOURCES = (
+    "achievable rates: GPU from XLA's measured H100 matmul table (sm_90, "
+    "matmul_interpolator_data.h): 0.81 of peak, 0.9 of HBM, 6 us per matmul; A100 taken "
+    "as H100's; TPU: 0.9 of peak assumed, dimensions in whole MXU tiles"
+)
+
 DEVICE_PROFILES: dict[str, DeviceProfile] = {
     p.name: p
     for p in (
@@ -430,6 +511,7 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
         ),
         DeviceProfile(
             name="a100-nvlink",
+            **GPU_RATES,
             peak_flops=312e12,
             memory_bytes=80 * _GiB,
             memory_bandwidth=2.039e12,
@@ -442,6 +524,7 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
         ),
         DeviceProfile(
             name="h100-nvlink",
+            **GPU_RATES,
             peak_flops=989e12,
             memory_bytes=80 * _GiB,
             memory_bandwidth=3.35e12,
@@ -454,6 +537,7 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
         ),
         DeviceProfile(
             name="h200",
+            **GPU_RATES,
             peak_flops=989e12,
             memory_bytes=141 * 10**9,
             memory_bandwidth=4.8e12,
@@ -466,6 +550,8 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
         ),
         DeviceProfile(
             name="tpu-v5e",
+            **TPU_RATES,
+            matmul_tile=128,
             platform="tpu",
             peak_flops=197e12,
             memory_bytes=16 * _GiB,
@@ -490,6 +576,8 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
         ),
         DeviceProfile(
             name="tpu-v5p",
+            **TPU_RATES,
+            matmul_tile=128,
             platform="tpu",
             peak_flops=459e12,
             memory_bytes=95 * 10**9,
@@ -510,6 +598,8 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
         ),
         DeviceProfile(
             name="tpu-v6e",
+            **TPU_RATES,
+            matmul_tile=256,
             platform="tpu",
             peak_flops=918e12,
             memory_bytes=32 * 10**9,

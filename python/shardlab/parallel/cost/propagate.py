@@ -62,6 +62,10 @@ class Propagation:
     copies: dict[int, set[L.DimAxes]] = dataclasses.field(default_factory=dict)
     # Per output resharded into its final layout (``layouts``), the layout it was computed in.
     computed: dict[int, L.DimAxes] = dataclasses.field(default_factory=dict)
+    # Per reduction of a partial sum that linear operations carried on (a gradient scaled
+    # before its update), the node that made the partial sum: the reduction can start once
+    # it has computed (``overlap.py``); others start at ``collective_nodes``.
+    ready_nodes: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 SUMS = frozenset(("add", "add_any"))
@@ -76,6 +80,10 @@ class _Propagator:
         self.profile = profile
         self.lay: list[L.DimAxes | None] = [None] * len(graph.shapes)
         self.partial: dict[int, tuple[str, ...]] = {}
+        # var -> the node that made its partial sum (before linear ops carried it on): the
+        # reduction can start once that node has computed (``overlap.py``)
+        self.origin: dict[int, int] = {}
+        self.ready_nodes: dict[int, int] = {}
         self.cache: dict[tuple[int, L.DimAxes], None] = {}
         self.out: list[Collective] = []
         self.flops = 0.0
@@ -122,10 +130,15 @@ class _Propagator:
             return
         consumer, producer = self.node, self.g.producer(var)
         self.node = self.g.nodes[producer] if producer >= 0 else consumer
+        first = len(self.collective_nodes)
         try:
             self._reduce_partial(var, axes, target)
         finally:
             self.node = consumer
+        origin = self.origin.pop(var, -1)
+        if origin >= 0 and origin != producer:
+            for i in range(first, len(self.collective_nodes)):
+                self.ready_nodes[i] = origin
 
     def _reduce_partial(self, var: int, axes: tuple[str, ...], target: L.DimAxes | None) -> None:
         dims = self.layout(var)
@@ -304,8 +317,12 @@ class _Propagator:
             and all(self.partial.get(v) or not self.g.shapes[v] for v in node.inputs)
         )
         carried: tuple[str, ...] = ()
+        origin = node.index
         if passing:
-            carried = next((self.partial.pop(v) for v in node.inputs if self.partial.get(v)), ())
+            source = next((v for v in node.inputs if self.partial.get(v)), -1)
+            if source >= 0:
+                carried = self.partial.pop(source)
+                origin = self.origin.pop(source, self.g.producer(source))
         else:
             carried = self._summed_partials(node)
         for v in node.inputs:
@@ -331,10 +348,12 @@ class _Propagator:
             part = part + carried
             if part:
                 self.partial[v] = part
+                self.origin[v] = origin if carried and not rule.reduction else node.index
         used = math.prod(self.sizes[a] for axes in factor_axes.values() for a in axes)
         self.flops += rule.flops / used * self.count
         features = L.convolution_features(node, self.g.shapes, in_lays, out_lays, self.sizes)
-        self.timed(node, rule.flops / used, in_bytes, out_bytes, features=features)
+        matmul = L.matmul_dims(node, self.g.shapes, in_lays, self.sizes)
+        self.timed(node, rule.flops / used, in_bytes, out_bytes, features=features, matmul=matmul)
 
     def _summed_partials(self, node: Node) -> tuple[str, ...]:
         """XLA's ``AllReduceReassociate`` (GPU and TPU; ``Compiler.reassociates_partial_sums``):
@@ -355,6 +374,7 @@ class _Propagator:
             return ()
         for v in ins:
             self.partial.pop(v)
+            self.origin.pop(v, None)
         return parts[0] or ()
 
     def timed(
@@ -365,12 +385,15 @@ class _Propagator:
         out_bytes: list[int],
         *,
         features: tuple[int, int] | None = None,
+        matmul: tuple[int, int, int, int] | None = None,
     ) -> None:
         """Add the node's roofline seconds (per-device flops, bytes it moves through memory;
-        ``features``: a convolution's per-device input and output features)."""
+        ``features``: a convolution's per-device input and output features; ``matmul``: a
+        matrix multiply's per-device ``(batch, m, n, k)``)."""
         assert self.lv is not None
         nbytes = traffic(self.g, self.lv, self.args, node, in_bytes, out_bytes)
-        self.seconds += self.profile.op_time(flops, nbytes, features=features) * self.count
+        seconds = self.profile.op_time(flops, nbytes, features=features, matmul=matmul)
+        self.seconds += seconds * self.count
 
     def _pieces(self, node: Node) -> tuple[int, list[tuple[int, int, int]]] | None:
         """A split's or unit-stride slice's sliced dimension and its pieces ``(result,
@@ -737,4 +760,5 @@ def propagate(
         p.seconds,
         copies,
         computed,
+        p.ready_nodes,
     )

@@ -1,19 +1,13 @@
 """The step's compute and communication over time: as the cost model schedules it, and as a
 ``jax.profiler`` trace measured it.
 
-Model (``schedule``): one in-order compute stream and one communication stream per device
-(SPMD: every device runs the same schedule). The streams overlap only where the profile's
-compiler makes collectives asynchronous (XLA:GPU, XLA:TPU); on XLA:CPU each collective runs
-between two operations, all of it exposed. Operations compute in program order, each for
-its roofline time (per-device flops over the device peak, or the bytes it moves over the
-memory bandwidth, whichever is longer). The collectives an operation needs (resharding
-its inputs, reducing partial sums) start as soon as their data is ready — when the producers
-of the operation's inputs have computed — and the communication stream is free; the
-operation waits for them. Communication that runs while the compute stream is busy is
-hidden; the time the compute stream waits is *exposed* communication. Collectives stay
-separate here (what an asynchronous runtime could overlap); ``predict`` combines independent
-all-reduces as XLA's combiner does, so its communication time can be lower by the latencies
-combining saves, while the bytes are the same.
+Model (``schedule``): the two streams of ``overlap.py`` — one in-order compute stream, one
+communication stream, overlapping only where the profile's compiler makes collectives
+asynchronous — with every event kept for drawing. ``predict`` runs the same streams, so the
+timeline's step and the predicted step are one number. Collectives stay separate here, each
+in its place in the program, and each takes its share of the time of the combined
+collectives ``predict`` prices (XLA's combiner pays one latency for a group of independent
+all-reduces, and a larger message runs nearer the link's bandwidth).
 
 Measured (``measure``): runs the compiled program under ``jax.profiler.trace`` and reads the
 trace's complete events of that program per device (on CPU, collective times include
@@ -37,29 +31,15 @@ from collections.abc import Callable
 from typing import Any
 
 from shardlab.parallel.arguments import abstract_args, bind, split
+from shardlab.parallel.cost.combine import combine_all_reduces
+from shardlab.parallel.cost.overlap import Event as Event
+from shardlab.parallel.cost.overlap import run_streams
 from shardlab.parallel.cost.pipeline import PipelineCost
 from shardlab.parallel.cost.predict import prepare_strategy
 from shardlab.parallel.records import COLLECTIVE_KINDS, _Record
 from shardlab.parallel.specs import resolve_shardings, unflatten_like
 
 MAX_EVENTS = 4000  # compute events are merged into segments beyond this
-
-
-@dataclasses.dataclass(frozen=True)
-class Event(_Record):
-    """One interval on a stream. Times in seconds from the start of the step."""
-
-    stream: str  # "compute" | "communication"
-    start: float
-    end: float
-    label: str  # primitive or collective kind
-    kind: str = ""  # collective kind ("" for compute)
-    source: str = ""
-    exposed: float = 0.0  # seconds of this collective the compute stream waited for
-    device: int = -1  # -1: the same on every device (model)
-    wire_bytes: float = 0.0  # per device, for collectives
-    stage: int = -1  # a pipeline stage's lane (``stage_timeline``); -1: not pipelined
-    microbatch: int = -1  # the microbatch a pipeline stage's event works on
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,77 +118,14 @@ def schedule(
         fn, *args, mesh=mesh, in_shardings=in_shardings, constraints=constraints, device=device
     )
     graph, prop, profile = prepared.graph, prepared.propagate(), prepared.profile
-    overlaps = profile.compiler.async_collectives
-    end_of: dict[int, float] = {}  # node index -> compute end
-    state = {"compute": 0.0, "comm": 0.0, "compute_total": 0.0, "comm_total": 0.0, "exposed": 0.0}
-    events: list[Event] = []
-
-    def communicate(first: int, last: int, ready: float) -> list[tuple[Any, float, float]]:
-        """Schedules collectives ``first:last`` on the communication stream, earliest data
-        first (a list scheduler), each starting when its data is ready and the stream free."""
-        queue = []
-        for position in range(first, last):
-            owner = prop.collective_nodes[position] if prop.collective_nodes else -1
-            # A partial sum can be reduced as soon as its producer computed it; a compiler
-            # without asynchronous collectives (XLA:CPU) runs it between two operations.
-            at = end_of.get(owner, ready)
-            queue.append((at if overlaps else max(at, state["compute"]), position))
-        done = []
-        for data_ready, position in sorted(queue):
-            collective = prop.collectives[position]
-            seconds = profile.time_of(collective)
-            start = max(state["comm"], data_ready)
-            state["comm"] = start + seconds
-            state["comm_total"] += seconds
-            done.append((collective, start, state["comm"]))
-        return done
-
-    def record(done: list[tuple[Any, float, float]], needed_by: float, waited_until: float):
-        for collective, c_start, c_end in done:
-            exposed = max(0.0, min(c_end, waited_until) - max(c_start, needed_by))
-            events.append(
-                Event(
-                    "communication",
-                    c_start,
-                    c_end,
-                    collective.kind,
-                    collective.kind,
-                    collective.source,
-                    exposed,
-                    wire_bytes=collective.wire_bytes * collective.count,
-                )
-            )
-
-    covered = 0
-    for index, first, last, seconds in prop.spans:
-        node = graph.nodes[index]
-        ready = max((end_of.get(graph.producer(v), 0.0) for v in node.inputs), default=0.0)
-        done = communicate(first, last, ready)
-        needed_by = state["compute"]
-        start = max([needed_by] + [end for _, _, end in done])
-        state["exposed"] += start - needed_by
-        record(done, needed_by, start)
-        state["compute_total"] += seconds
-        end_of[index] = state["compute"] = start + seconds
-        if seconds > 0:
-            events.append(Event("compute", start, start + seconds, node.primitive, "", node.source))
-        covered = last
-    # Collectives for the outputs' layouts (e.g. data-parallel gradient all-reduces): the
-    # step ends when they finish.
-    done = communicate(covered, len(prop.collectives), state["compute"])
-    finish = max([state["compute"]] + [end for _, _, end in done])
-    state["exposed"] += finish - state["compute"]
-    record(done, state["compute"], finish)
-    compute_clock, comm_clock = state["compute"], state["comm"]
-    compute_total, comm_total = state["compute_total"], state["comm_total"]
-    exposed_total = state["exposed"]
-    total = max(compute_clock, comm_clock)
+    combined = combine_all_reduces(graph, prop.collectives, prop.collective_nodes)
+    streams = run_streams(graph, prop, profile, combined=combined, events=True)
     return Timeline(
-        events=_merge(events),
-        total=total,
-        compute=compute_total,
-        communication=comm_total,
-        exposed=exposed_total,
+        events=_merge(list(streams.events)),
+        total=streams.total,
+        compute=streams.compute,
+        communication=streams.communication,
+        exposed=streams.exposed,
         devices=int(mesh.size),
         note=f"cost model ({profile.name}); every device runs the same schedule (SPMD)",
     )

@@ -340,7 +340,7 @@ class Plan(_Record):
         c = self.cost
         return (
             f"{self.method} on {mesh_text(self.mesh_shape)}: predicted {human_time(c.time)} "
-            f"(compute {human_time(c.compute_time)}, comm {human_time(c.comm_time)}), "
+            f"(compute {human_time(c.compute_time)}, {c.comm_words(human_time)}), "
             f"{human_bytes(c.total_comm_bytes)} on the wire, "
             f"{human_bytes(c.memory.peak)} per device; {self.optimality()}"
         )

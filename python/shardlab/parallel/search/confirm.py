@@ -7,8 +7,9 @@ compiled and the one with the lowest *compiled objective* is returned:
 
     objective = alpha-beta seconds of the compiled collectives (``profile.time_of``, each
                 counted its trip count)
-              + ``profile.op_time(flops, bytes accessed)``: the roofline of the compiled
-                program's per-device totals, max(flops / peak_flops, bytes / memory_bandwidth)
+              + ``profile.program_time(flops, bytes accessed)``: the roofline of the compiled
+                program's per-device totals, max(flops / achievable flop rate, bytes /
+                achievable memory bandwidth)
 
 Every figure is read from the compiled program (HLO collectives, ``cost_analysis`` flops and
 bytes accessed), never from a clock, so the choice does not depend on machine load. The
@@ -88,7 +89,7 @@ class Compiled:
 def compiled_objective(report: Report, profile: DeviceProfile) -> tuple[float, float]:
     """``(comm seconds, compute seconds)`` of a compiled program (see the module docstring)."""
     comm = comm_time(report.collectives, profile)
-    return comm, profile.op_time(report.flops, report.bytes_accessed)
+    return comm, profile.program_time(report.flops, report.bytes_accessed)
 
 
 def choose_candidates(

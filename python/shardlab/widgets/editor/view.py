@@ -157,8 +157,8 @@ class EditorView(View):
             origin = f" ({self.source}: its own figures)" if self.source else ""
             lines.append(
                 f"strategy #{self.evaluation.generation}{origin}: predicted step "
-                f"{fmt_time(cost.time)} (compute {fmt_time(cost.compute_time)}, comm "
-                f"{fmt_time(cost.comm_time)}), memory {fmt_bytes(cost.memory.peak)} per device"
+                f"{fmt_time(cost.time)} (compute {fmt_time(cost.compute_time)}, "
+                f"{cost.comm_words(fmt_time)}), memory {fmt_bytes(cost.memory.peak)} per device"
             )
             lines.append(f"  priced by the {describe_profile(cost.device)}")
             report = self._compiled_report()
@@ -205,7 +205,8 @@ class EditorView(View):
                 "step time (cost model)",
                 fmt_time(cost.time),
                 compiled(
-                    cost.compute_time + comm_time(report.collectives, cost.device)
+                    cost.compute_time
+                    + comm_time(report.collectives, cost.device) * cost.exposed_share
                     if report
                     else None,
                     fmt_time,
@@ -272,7 +273,7 @@ class EditorView(View):
             parts.append(
                 f"<div class='sl-time'>strategy #{self.evaluation.generation}{origin}: "
                 f"predicted step <b>{fmt_time(cost.time)}</b> (compute "
-                f"{fmt_time(cost.compute_time)}, communication {fmt_time(cost.comm_time)}"
+                f"{fmt_time(cost.compute_time)}, {cost.comm_words(fmt_time, 'communication')}"
                 f"{timing})</div>"
                 f"<div class='sl-note sl-priced-by'>priced by the "
                 f"{esc(describe_profile(cost.device))}</div>"

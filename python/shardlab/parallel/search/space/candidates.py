@@ -151,7 +151,11 @@ class Candidates:
                 ],
             )
             features = L.convolution_features(node, self.g.shapes, ins, outs, self.sizes)
-            cost = self.profile.op_time(rule.flops / used, nbytes, features=features) + comm
+            matmul = L.matmul_dims(node, self.g.shapes, ins, self.sizes)
+            seconds = self.profile.op_time(
+                rule.flops / used, nbytes, features=features, matmul=matmul
+            )
+            cost = seconds + comm
             label = _label(outs, ins, partial, node.inputs, self.g)
             key = (tuple(outs), ins)
             old = cands.get(key)
