@@ -564,7 +564,7 @@ class _Propagator:
                         self.reshard(v, ((), *dims[1:]))
                     dims = dims[1:]
                 ins.append(dims)
-            sub = self.nested(body, ins, length)
+            sub = self._scan_body(node, body, ins, n_consts, n_carry, length)
             for k, v in enumerate(node.outputs):
                 dims = sub.layout(body.outputs[k])
                 self.lay[v] = dims if k < n_carry else ((), *dims)
@@ -592,7 +592,70 @@ class _Propagator:
         for k, v in enumerate(node.outputs):
             self.lay[v] = subs[best].layout(branches[best].outputs[k])
 
-    def nested(self, body: OpGraph, ins: list[L.DimAxes], count: int, *, record: bool = True):
+    def _scan_body(
+        self,
+        node: Node,
+        body: OpGraph,
+        ins: list[L.DimAxes],
+        n_consts: int,
+        n_carry: int,
+        length: int,
+    ) -> _Propagator:
+        """A scan's body, its carry in one layout on every trip, as XLA's loop has one
+        sharding per carried value. Where the body returns a carry in another layout than
+        it came in, the carry is kept either as it came (each trip ends resharding it back:
+        free where that is a slice, as a row-parallel weight's summed result sliced back to
+        the split it came in) or, where a trip started in the returned layout returns it
+        unchanged, as the body returns it (the initial value resharded once before the
+        loop, each trip resharding what it needs inside: an RNN's hidden state split by a
+        column-parallel weight, gathered every trip) — whichever communicates less."""
+        carry = slice(n_consts, n_consts + n_carry)
+        first = self._run_body(body, ins, length)
+        outs = [first.layout(body.outputs[k]) for k in range(n_carry)]
+        if outs == ins[carry]:
+            self._record(first)
+            return first
+        # Kept as it came: each trip reshards its carry back (free where that slices).
+        back = {k: d for k, d in enumerate(ins[carry]) if outs[k] != d}
+        sub = self._run_body(body, ins, length, carry_back=back)
+        moved = [*ins[:n_consts], *outs, *ins[n_consts + n_carry :]]
+        second = self._run_body(body, moved, length)
+        if [second.layout(body.outputs[k]) for k in range(n_carry)] == outs:
+            # Kept as the body returns it: the initial value is resharded once.
+            entry = sum(
+                self.profile.collective_time(kind, wire_bytes(kind, nbytes, group), group, axes)
+                for v, dims in zip(node.inputs[carry], outs, strict=True)
+                for kind, nbytes, group, axes in L.reshard(
+                    self.layout(v), dims, self.g.wire_nbytes(v), self.sizes
+                )
+                if group > 1
+            )
+            if entry + _comm_seconds(second) < _comm_seconds(sub):
+                for v, dims in zip(node.inputs[carry], outs, strict=True):
+                    self.reshard(v, dims)
+                sub = second
+        self._record(sub)
+        return sub
+
+    def nested(
+        self, body: OpGraph, ins: list[L.DimAxes], count: int, *, record: bool = True
+    ) -> _Propagator:
+        sub = self._run_body(body, ins, count)
+        if record:
+            self._record(sub)
+        else:
+            self.warnings.extend(sub.warnings)
+        return sub
+
+    def _run_body(
+        self,
+        body: OpGraph,
+        ins: list[L.DimAxes],
+        count: int,
+        carry_back: Mapping[int, L.DimAxes] | None = None,
+    ) -> _Propagator:
+        """A nested body propagated from ``ins``, run ``count`` times per run of this one;
+        ``carry_back``: results resharded at its end (by output position)."""
         held = held_graph(body, self.profile.compiler, entry=False)
         sub = _Propagator(held, self.sizes, self.profile)
         sub.count = self.count * count
@@ -602,13 +665,24 @@ class _Propagator:
         for v in body.outputs:
             sub.node = None
             sub.resolve_partial(v)
-        if record:
-            self.collective_nodes.extend([self.node.index if self.node else -1] * len(sub.out))
-            self.out.extend(sub.out)
-            self.flops += sub.flops
-            self.seconds += sub.seconds
-        self.warnings.extend(sub.warnings)
+        for k, dims in (carry_back or {}).items():
+            sub.node = None
+            v = body.outputs[k]
+            sub.reshard(v, dims)
+            sub.lay[v] = dims
         return sub
+
+    def _record(self, sub: _Propagator) -> None:
+        """Adds a nested body's collectives, flops and seconds to this propagation."""
+        self.collective_nodes.extend([self.node.index if self.node else -1] * len(sub.out))
+        self.out.extend(sub.out)
+        self.flops += sub.flops
+        self.seconds += sub.seconds
+        self.warnings.extend(sub.warnings)
+
+
+def _comm_seconds(p: _Propagator) -> float:
+    return sum(p.profile.time_of(c) for c in p.out)
 
 
 def _forward(
