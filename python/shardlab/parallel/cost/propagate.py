@@ -537,9 +537,11 @@ class _Propagator:
         # dimension no operand split: XLA computes only the slice, slicing the replicated
         # operands for free (an expert's share of a dot with a replicated weight), where
         # computing it whole and slicing the result would do the work of every device.
-        # Cheap ops (``PULLED``) are split by pulling the layout back into their inputs.
+        # Cheap ops (``PULLED``) are split by pulling the layout back into their inputs; a
+        # broadcast or an iota makes the dimensions its operand lacks, so it is computed
+        # in the fixed split directly (a scatter's zeros, made where each shard lives).
         fixed = self.fixed.get(node.outputs[0]) if len(node.outputs) == 1 else None
-        if fixed is not None and node.primitive not in PULLED:
+        if fixed is not None and (node.primitive not in PULLED or node.primitive in CREATED):
             wanted_factors = L.to_factors(fixed, rule.results[0], rule.factor_sizes, self.sizes)
             for factor, axes in wanted_factors.items():
                 taken = factor in chosen or used & set(axes)
@@ -706,6 +708,8 @@ def _forward(
     return p
 
 
+# Ops that make dimensions out of nothing: computed in whatever split is fixed on them.
+CREATED = frozenset(("broadcast_in_dim", "iota"))
 # Cheap ops a consumer's layout is pulled back through (they are computed wherever needed).
 PULLED = ELEMENTWISE | frozenset(
     "broadcast_in_dim reshape squeeze expand_dims transpose convert_element_type iota "

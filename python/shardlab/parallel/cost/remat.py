@@ -24,7 +24,9 @@ dataflow in the op graph (``layer_scans``); the runners use the same pairing.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.cost.propagate import Propagation
@@ -129,6 +131,9 @@ def layer_scans(graph: OpGraph) -> dict[int, LayerScan]:
 
 
 def _dot_outputs(group: ScanGroup) -> frozenset[int]:
+    """The residuals ``dots`` keeps: a matmul's output, seen through views and a bias add
+    (``dot + bias``: autodiff saves the sum, ``dots_saveable`` the matmul's output of the
+    same size, from which the backward adds the bias again)."""
     body = group.body
     out = set()
     for k, v in enumerate(body.outputs[group.num_carry :]):
@@ -140,10 +145,32 @@ def _dot_outputs(group: ScanGroup) -> frozenset[int]:
             if node.primitive == "dot_general":
                 out.add(k)
                 break
-            if node.primitive not in _VIEWS:
+            if node.primitive in _VIEWS:
+                v = node.inputs[0]
+            elif (bias := _biased(body, node)) is not None:
+                v = bias
+            else:
                 break
-            v = node.inputs[0]
     return frozenset(out)
+
+
+def _biased(body: OpGraph, node: Any) -> int | None:
+    """For ``x + b`` with ``b`` smaller than ``x`` (a bias broadcast along ``x``), ``x``."""
+    if node.primitive not in ("add", "add_any") or len(node.inputs) != 2:
+        return None
+    a, b = node.inputs
+    size = math.prod(body.shapes[node.outputs[0]])
+    full = [u for u in (a, b) if math.prod(body.shapes[u]) == size]
+    if len(full) != 1:
+        return None
+    other = b if full[0] == a else a
+    producer = body.producer(other)
+    small = math.prod(body.shapes[other]) < size or (
+        producer >= 0
+        and body.nodes[producer].primitive == "broadcast_in_dim"
+        and math.prod(body.shapes[body.nodes[producer].inputs[0]]) < size
+    )
+    return full[0] if small else None
 
 
 def selected_scans(graph: OpGraph, spec: RematSpec) -> dict[int, LayerScan]:
