@@ -30,6 +30,7 @@ SECTIONS = (
     "targets",
     "target_calls",
     "compilers",
+    "published",
 )
 MODULES = {  # the rest: benchmarks.<name>
     "corpus": "benchmarks.corpus.section",

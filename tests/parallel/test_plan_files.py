@@ -325,7 +325,14 @@ def test_fields_are_checked(base, path, value, where):
 def test_pipeline_and_remat_round_trip(plans):
     plan = dataclasses.replace(
         plans["ilp"],
-        pipeline=PipelineSpec(stages=2, microbatches=4, axis="data", schedule="1f1b", scans=(0,)),
+        pipeline=PipelineSpec(
+            stages=2,
+            microbatches=4,
+            axis="data",
+            schedule="interleaved",
+            scans=(0,),
+            virtual_stages=2,
+        ),
         remat=RematSpec(policy="dots"),
     )
     loaded = Plan.from_json(plan.to_json())
@@ -341,6 +348,11 @@ def test_pipeline_and_remat_round_trip(plans):
         ({"stages": 2, "microbatches": True, "axis": "data"}, "pipeline.microbatches", "int"),
         ({"stages": 2, "microbatches": 2, "axis": "data", "schedule": "zb"}, "schedule", "1f1b"),
         ({"stages": 2, "microbatches": 2, "axis": "data", "scans": [-1]}, "pipeline.scans[0]", ""),
+        (
+            {"stages": 2, "microbatches": 2, "axis": "data", "virtual_stages": 0},
+            "pipeline.virtual_stages",
+            "positive",
+        ),
         ({"microbatches": 2, "axis": "data"}, "missing field 'stages'", ""),
         ("gpipe", "pipeline", "JSON object"),
     ],

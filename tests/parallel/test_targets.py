@@ -136,6 +136,19 @@ def test_a_gpu_mesh_keeps_the_last_axis_inside_a_host():
     assert all(len(set(hosts[r : r + 2].ravel())) == 1 for r in range(0, 16, 2))
 
 
+def test_a_mesh_stays_on_its_target_after_many_other_targets():
+    # Devices are cached for 16 specs at a time; a made target keeps its own, so a mesh
+    # over an early target is still known as that target (and priced by its profile, not
+    # the process's cpu-sim) after more than 16 others (the paper replay makes ~40).
+    _needs("cuda")
+    first = shardlab.target("a100", hosts=3)
+    mesh = shardlab.mesh(data=3, model=8, devices=first)
+    for hosts in range(4, 22):
+        shardlab.target("a100", hosts=hosts, gpus_per_host=1)
+    assert target_of(mesh) is first and mesh_layout(mesh) is not None
+    assert shardlab.mesh(data=3, model=8, devices=first).devices.flat[0] is first.devices[0]
+
+
 def test_a_tpu_mesh_over_two_slices_crosses_slices_only_on_the_outer_axis():
     _needs("tpu")
     t = shardlab.target("tpu-v5e", topology="4x4", slices=2)

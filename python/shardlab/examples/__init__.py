@@ -14,7 +14,9 @@ goes through a sharding hook (``Shard``), for comparing fully specified strategi
 
 Families: ``dense`` (``mlp``, ``mlp_layer``), ``transformer`` (``gpt``, ``gpt_scan``,
 ``gpt_layer``), ``convnet`` (``conv``, ``conv_layer``), ``experts`` (``moe``),
-``embeddings`` (``embedding``), ``physics`` (``pinn``).
+``embeddings`` (``embedding``), ``physics`` (``pinn``). Abstract models at published sizes,
+imported from their modules: ``shardlab.examples.llama`` (Llama 3.1) and
+``shardlab.examples.gpt3`` (GPT-3 / Megatron-LM).
 """
 
 from __future__ import annotations

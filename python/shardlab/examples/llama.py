@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from shardlab.examples.base import Case, train_step, training_case
 
-__all__ = ["LLAMA_8B", "LLAMA_70B", "LLAMA_TINY", "LlamaConfig", "llama"]
+__all__ = ["LLAMA_8B", "LLAMA_70B", "LLAMA_405B", "LLAMA_TINY", "LlamaConfig", "llama"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +38,8 @@ class LlamaConfig:
         ffn: the SwiGLU hidden width.
         vocab: the vocabulary size.
         rope_theta: the rotary embedding's base.
+        head_size: the width of one head (0: ``d / heads``, as in Llama; MaxText's
+            scaled models keep it at 128 while the heads grow).
     """
 
     name: str
@@ -48,10 +50,11 @@ class LlamaConfig:
     ffn: int
     vocab: int
     rope_theta: float = 500000.0
+    head_size: int = 0
 
     @property
     def head_dim(self) -> int:
-        return self.d // self.heads
+        return self.head_size or self.d // self.heads
 
     def parameter_count(self) -> int:
         """Parameters in all (embedding and head included)."""
@@ -66,9 +69,10 @@ class LlamaConfig:
         return self.layers * per_layer + self.d + 2 * self.vocab * self.d
 
 
-# Llama 3.1's published configurations (config.json of the 8B and 70B models).
+# Llama 3.1's published configurations (config.json of the 8B, 70B and 405B models).
 LLAMA_8B = LlamaConfig("llama-8b", 32, 4096, 32, 8, 14336, 128256)
 LLAMA_70B = LlamaConfig("llama-70b", 80, 8192, 64, 8, 28672, 128256)
+LLAMA_405B = LlamaConfig("llama-405b", 126, 16384, 128, 8, 53248, 128256)
 # The same architecture small enough to run and compare on 8 simulated CPU devices.
 LLAMA_TINY = LlamaConfig("llama-tiny", 2, 128, 4, 2, 256, 512)
 

@@ -327,7 +327,7 @@ class PlanRow(_Record):
     alternatives: tuple[tuple[str, float], ...] = ()
 
 
-PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 REMAT_POLICIES = ("none", "dots", "nothing")
 
 
@@ -340,12 +340,18 @@ class PipelineSpec(_Record):
         stages: pipeline stages (the size of ``axis``; divides the scanned layers).
         microbatches: microbatches per step (divides the batch).
         axis: the mesh axis the stages run on.
-        schedule: ``gpipe`` (every forward, then every backward) or ``1f1b`` (one forward,
-            one backward: at most ``stages`` microbatches in flight); the cost model prices
-            both, the compiled program runs the forward and the backward scans one after
-            the other (``plan/pipeline.py``).
+        schedule: ``gpipe`` (every forward, then every backward), ``1f1b`` (one forward,
+            one backward: at most ``stages`` microbatches in flight) or ``interleaved``
+            (Megatron's interleaved 1F1B: ``virtual_stages`` model chunks per stage, the
+            bubble ``1/virtual_stages`` of 1F1B's, ``virtual_stages`` times the transfers;
+            microbatches a multiple of the stages); the cost model prices all three, the
+            compiled program runs the forward and the backward scans one after the other
+            for every schedule (``plan/pipeline.py``): 1F1B and interleaved are priced only.
         scans: the scan groups (``OpGraph.scan_groups`` indices) that are pipelined; empty:
             every scan over the layers.
+        virtual_stages: model chunks per stage for ``interleaved`` (stage s holds layer
+            chunks s, s + stages, s + 2·stages, …; the layers divide by stages ×
+            virtual_stages); 1 for the other schedules (interleaved with 1 is 1F1B).
     """
 
     stages: int
@@ -353,6 +359,7 @@ class PipelineSpec(_Record):
     axis: str = "stage"
     schedule: str = "gpipe"
     scans: tuple[int, ...] = ()
+    virtual_stages: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

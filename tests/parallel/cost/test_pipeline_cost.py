@@ -83,8 +83,74 @@ def test_transfers_are_exposed_and_forward_only():
     assert sent.sending[0] == pytest.approx(m * x) and sent.sending[1] == pytest.approx(2 * m * x)
     fwd = simulate([tf] * p, [0.0] * p, m)
     assert fwd.step_time == pytest.approx((m + p - 1) * tf)
-    with pytest.raises(SearchError, match=r"interleaved.*'gpipe'"):
-        simulate([tf], [tb], 2, schedule="interleaved")
+    with pytest.raises(SearchError, match=r"'zb'.*'gpipe', '1f1b', 'interleaved'"):
+        simulate([tf], [tb], 2, schedule="zb")
+
+
+@pytest.mark.parametrize("v", [1, 2, 3, 4])
+@pytest.mark.parametrize(("p", "groups"), [(2, 1), (2, 3), (4, 1), (4, 2), (8, 1), (8, 4)])
+def test_interleaved_bubble_is_megatrons(p, groups, v):
+    # The bubble comes out of the dependency order (chunk c on stage s waits for chunk c
+    # on s-1, or chunk c-1 on the last stage), and equals arXiv 2104.04473's (p-1)/(v·m)
+    # of the ideal for uniform stages.
+    m, tf, tb = p * groups, 1.5e-3, 2.75e-3
+    f, b = [tf / v] * (p * v), [tb / v] * (p * v)
+    r = simulate(f, b, m, schedule="interleaved", virtual_stages=v)
+    ideal = m * (tf + tb)
+    assert r.step_time - ideal == pytest.approx((p - 1) / (v * m) * ideal, rel=1e-9)
+    assert r.bubble_over_ideal == pytest.approx((p - 1) / (v * m), rel=1e-9)
+    assert r.bubble_over_ideal_formula == pytest.approx((p - 1) / (v * m))
+    assert r.bubble_share_of_step == pytest.approx((p - 1) / (v * m + p - 1), rel=1e-9)
+    assert r.virtual_stages == v and r.busy == pytest.approx((ideal,) * p)
+    for s in range(p):  # every chunk of every microbatch, once each way, on its own stage
+        lane = [e for e in r.events if e.stage == s and e.kind in ("forward", "backward")]
+        assert sorted((e.kind, e.microbatch, e.chunk) for e in lane) == sorted(
+            (kind, j, c) for kind in ("backward", "forward") for j in range(m) for c in range(v)
+        )
+        assert all(
+            a.end == pytest.approx(b.start)
+            for a, b in itertools.pairwise([e for e in r.events if e.stage == s])
+        )
+    # Forward order on stage 0: p microbatches through chunk 0, then through chunk 1, ...
+    first = [(e.microbatch, e.chunk) for e in r.events if e.stage == 0 and e.kind == "forward"]
+    assert first[: p * v] == [(j, c) for c in range(v) for j in range(p)]
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 2), (4, 4), (4, 8), (3, 6)])
+def test_interleaved_with_one_chunk_is_1f1b(p, m):
+    f, b = [1.0, 1.5, 0.5, 2.0][:p], [2.0, 2.5, 1.0, 3.0][:p]
+    one = simulate(f, b, m, schedule="1f1b", transfer=0.1)
+    same = simulate(f, b, m, schedule="interleaved", virtual_stages=1, transfer=0.1)
+    assert same.events == one.events and same.step_time == one.step_time
+    assert same.in_flight == one.in_flight
+
+
+def test_interleaved_beats_1f1b_for_equal_work_and_sends_v_times_as_much():
+    rng = random.Random(7)
+    for _ in range(40):
+        p, v = rng.choice([2, 4, 8]), rng.choice([2, 3, 4])
+        m = p * rng.randint(1, 4)
+        tf, tb = rng.uniform(0.5, 2.0), rng.uniform(0.5, 4.0)
+        one = simulate([tf] * p, [tb] * p, m, schedule="1f1b")
+        inter = simulate(
+            [tf / v] * (p * v), [tb / v] * (p * v), m, schedule="interleaved", virtual_stages=v
+        )
+        assert inter.step_time <= one.step_time + 1e-12
+    # Transfers: p·v - 1 boundaries, crossed by every microbatch both ways.
+    p, v, m, x = 4, 2, 8, 0.01
+    inter = simulate([0.5] * 8, [1.0] * 8, m, schedule="interleaved", virtual_stages=v, transfer=x)
+    one = simulate([1.0] * 4, [2.0] * 4, m, schedule="1f1b", transfer=x)
+    assert sum(inter.sending) == pytest.approx(2 * m * (p * v - 1) * x)
+    assert sum(one.sending) == pytest.approx(2 * m * (p - 1) * x)
+
+
+def test_interleaved_simulator_errors():
+    with pytest.raises(SearchError, match=r"virtual_stages=2 is for schedule='interleaved'"):
+        simulate([1.0] * 4, [1.0] * 4, 4, schedule="1f1b", virtual_stages=2)
+    with pytest.raises(SearchError, match=r"virtual_stages=0: use 1 or more"):
+        simulate([1.0] * 4, [1.0] * 4, 4, schedule="interleaved", virtual_stages=0)
+    with pytest.raises(SearchError, match=r"per virtual stage, stages × virtual_stages=3"):
+        simulate([1.0] * 4, [1.0] * 4, 4, schedule="interleaved", virtual_stages=3)
 
 
 def test_nonuniform_stages_slowest_stage_dominates():
@@ -196,6 +262,92 @@ def test_stage_times_come_from_the_graph(stage_mesh, dp_plan):
     # A Binding works too (replicated layouts).
     bound = predict_pipeline(dp.binding, spec)
     assert bound.schedule.stages == 4
+
+
+def test_interleaved_from_the_graph(stage_mesh):
+    case = _small_scan(layers=8)
+    dp = data_parallel(case.fn, *case.args, mesh=stage_mesh, axes=("data",))
+    one = predict_pipeline(dp, PipelineSpec(4, 4, schedule="1f1b"))
+    inter = predict_pipeline(dp, PipelineSpec(4, 4, schedule="interleaved", virtual_stages=2))
+    assert inter.schedule.virtual_stages == 2 and inter.layers_per_stage == (2, 2, 2, 2)
+    # the same work per stage, a smaller bubble, twice the boundaries' transfers
+    assert inter.stage_forward == pytest.approx(one.stage_forward)
+    assert inter.schedule.bubble_over_ideal_formula == pytest.approx(3 / 8)
+    assert sum(inter.schedule.sending) == pytest.approx(
+        sum(one.schedule.sending) * (4 * 2 - 1) / (4 - 1)
+    )
+    free = simulate(
+        [f / 2 for f in inter.stage_forward] * 2,
+        [b / 2 for b in inter.stage_backward] * 2,
+        4,
+        schedule="interleaved",
+        virtual_stages=2,
+    )
+    assert (
+        free.step_time
+        <= simulate(one.stage_forward, one.stage_backward, 4, schedule="1f1b").step_time
+    )
+    assert any("interleaved: 2 model chunks" in n for n in inter.notes)
+    # Megatron's requirements, each error naming the valid values
+    with pytest.raises(
+        SearchError,
+        match=r"stages=4 × virtual_stages=4 = 16 does not divide "
+        r"the 8 scanned layers; use virtual_stages in \[2\]",
+    ):
+        predict_pipeline(dp, PipelineSpec(4, 4, schedule="interleaved", virtual_stages=4))
+    with pytest.raises(
+        SearchError,
+        match=r"microbatches=2: Megatron's interleaved schedule "
+        r"needs a multiple of the stages \(4\); use one of \[4, 8\]",
+    ):
+        predict_pipeline(dp, PipelineSpec(4, 2, schedule="interleaved", virtual_stages=2))
+    with pytest.raises(SearchError, match=r"virtual_stages=2 is for schedule='interleaved'"):
+        predict_pipeline(dp, PipelineSpec(4, 4, virtual_stages=2))
+    # an assignment counts layers per virtual stage: p·v of them
+    with pytest.raises(SearchError, match=r"4 stages × 2 virtual stages = 8 positive layer"):
+        predict_pipeline(
+            dp,
+            PipelineSpec(4, 4, schedule="interleaved", virtual_stages=2),
+            assignment=[2, 2, 2, 2],
+        )
+
+
+def test_choose_pipeline_prices_interleaved_when_asked(stage_mesh):
+    case = _small_scan(layers=8)
+    got = choose_pipeline(
+        case.fn,
+        *case.args,
+        mesh=stage_mesh,
+        microbatches=4,
+        schedules=("1f1b", "interleaved"),
+    )
+    schedules = {t[2] for t in got.tried}
+    assert schedules == {"1f1b", "interleaved×2"}  # 8 layers on 4 stages: 2 chunks at most
+    # microbatches not a multiple of the stages: interleaved is not tried
+    two = choose_pipeline(
+        case.fn, *case.args, mesh=stage_mesh, microbatches=2, schedules=("interleaved",)
+    )
+    assert not two.tried and "interleaved needs a multiple of the stages" in two.reason
+
+
+def test_recompute_is_priced_in_the_stages(dp_plan):
+    _, dp = dp_plan
+    spec = PipelineSpec(4, 4)
+    plain = predict_pipeline(dp, spec, policy="none")
+    full = predict_pipeline(dp, spec, policy="nothing")
+    dots = predict_pipeline(dp, spec, policy="dots")
+    # Full recompute repeats the forward in the backward; dots repeats less of it.
+    assert plain.stage_forward == full.stage_forward
+    extra = [f - p for f, p in zip(full.stage_backward, plain.stage_backward, strict=True)]
+    assert all(0.5 * fw < e <= 1.01 * fw for e, fw in zip(extra, full.stage_forward, strict=True))
+    assert all(
+        p <= d <= f
+        for p, d, f in zip(
+            plain.stage_backward, dots.stage_backward, full.stage_backward, strict=True
+        )
+    )
+    assert full.time > dots.time >= plain.time
+    assert any("recompute (nothing)" in n for n in full.notes)
 
 
 def test_pipeline_errors(stage_mesh, dp_plan):

@@ -260,10 +260,17 @@ def test_no_layer_scan():
 
 
 def test_bad_schedule_and_1f1b_note(dp_plan):
-    with pytest.raises(PipelineError, match=r"schedule 'zb' is not one of \['gpipe', '1f1b'\]"):
+    with pytest.raises(
+        PipelineError, match=r"schedule 'zb' is not one of \['gpipe', '1f1b', 'interleaved'\]"
+    ):
         with_pipeline(dp_plan, PipelineSpec(stages=4, microbatches=2, schedule="zb"))
+    with pytest.raises(PipelineError, match=r"virtual_stages=2 is for schedule='interleaved'"):
+        with_pipeline(dp_plan, PipelineSpec(stages=4, microbatches=2, virtual_stages=2))
     plan = with_pipeline(dp_plan, PipelineSpec(stages=4, microbatches=2, schedule="1f1b"))
     assert any("1f1b runs as GPipe" in n for n in plan.notes)
+    # interleaved is priced, not executed: the same loop runs, with a note
+    spec = PipelineSpec(stages=4, microbatches=4, schedule="interleaved", virtual_stages=2)
+    assert any("interleaved runs as GPipe" in n for n in with_pipeline(dp_plan, spec).notes)
 
 
 @pytest.mark.slow  # four compiles and two pipelined runs (~40 s on 2 cores)

@@ -1,25 +1,42 @@
 """Pipeline stages in the cost model: a schedule simulator and a plan's per-stage times.
 
-``simulate`` runs a pipeline schedule (``gpipe``: every forward, then every backward;
-``1f1b``: PipeDream-flush, warm-up forwards then one forward one backward) over ``p``
-stages and ``m`` microbatches as a list scheduler: each stage is one in-order lane; a
-forward of microbatch j on stage s waits for stage s-1's forward of j and its transfer, a
-backward for stage s+1's backward of j. Stage-to-stage transfers (a collective-permute of
-one microbatch's activation) are charged on the sender's lane, not overlapped with its
-compute (MaxText PR #701: PP comms are exposed).
+``simulate`` runs a pipeline schedule over ``p`` stages and ``m`` microbatches as a list
+scheduler: each stage is one in-order lane running its own order of work, and each piece of
+work waits for the data it needs. Schedules:
+
+- ``gpipe``: every forward, then every backward;
+- ``1f1b``: PipeDream-flush, warm-up forwards then one forward one backward;
+- ``interleaved``: Megatron's interleaved 1F1B (Narayanan et al. 2021, arXiv 2104.04473
+  §2.2.2): each stage holds ``v`` model chunks (virtual stages; stage s holds layer chunks
+  s, s+p, s+2p, …), runs the forwards of ``p`` microbatches through one chunk before the
+  next chunk, in Megatron's warm-up/steady/cool-down order (``schedules.py``
+  ``forward_backward_pipelining_with_interleaving``). Bubble ``(p-1)/(v·m)`` of the ideal
+  for uniform stages; stage-to-stage transfers ``v`` times as many. ``v = 1`` is 1F1B.
+
+Dependencies, with virtual stage ``k = c·p + s`` (chunk c on stage s; ``v = 1``: k = s): a
+forward of microbatch j on k waits for k-1's forward of j (chunk c on stage s-1, or chunk
+c-1 on the last stage) and its transfer, a backward for k+1's backward of j (or its own
+forward on the last virtual stage). Stage-to-stage transfers (a collective-permute of one
+microbatch's activation) are charged on the sender's lane, not overlapped with its compute
+(MaxText PR #701: PP comms are exposed).
 
 Bubble fractions, both labelled: ``bubble_share_of_step`` (MaxText's and GPipe's: idle time
 over the step, ``(p-1)/(m+p-1)`` for uniform stages) and ``bubble_over_ideal`` (Megatron's
-``t_pb / t_id``: bubble time over the ideal ``m·(t_f+t_b)``, ``(p-1)/m``).
+``t_pb / t_id``: bubble time over the ideal ``m·(t_f+t_b)``, ``(p-1)/m``; interleaved
+``(p-1)/(v·m)``).
 
 ``predict_pipeline`` derives the per-stage times from the op graph of a plan: the layers are
 the iterations of a layer scan and of the backward scan that reads its residuals
 (``cost/remat.layer_scans``), each costed node by node with the roofline and alpha-beta
 model on the plan's per-device layouts (the stage axis taken out: each stage's devices run
-the whole microbatch); the rest of the graph (embedding, head, optimizer update) is charged
-once, outside the pipeline. A microbatch's time is the full batch's over ``m`` (flops and
-activation bytes scale with the batch; the weight reads do not, so small microbatches are
-priced optimistically).
+the whole microbatch), plus, under a remat policy, the forward equations the backward
+recomputes (``cost/remat.recomputed_nodes``); the rest of the graph (embedding, head,
+optimizer update) is charged once, outside the pipeline. A microbatch's time is the full
+batch's over ``m`` (flops and activation bytes scale with the batch; the weight reads do
+not, so small microbatches are priced optimistically).
+
+The compiled program (``plan/pipeline.py``) runs every schedule as the same SPMD GPipe loop:
+1F1B and interleaved are priced, not executed (``docs/design/pipeline.md``, "Limits").
 """
 
 from __future__ import annotations
@@ -34,7 +51,7 @@ from shardlab.parallel.cost.compilers import held_graph
 from shardlab.parallel.cost.predict import layout_cost
 from shardlab.parallel.cost.profiles import DeviceProfile, resolve_profile, wire_bytes
 from shardlab.parallel.cost.propagate import Propagation
-from shardlab.parallel.cost.remat import LayerScan, layer_scans
+from shardlab.parallel.cost.remat import LayerScan, layer_scans, recomputed_nodes
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.graph.opgraph import OpGraph
 from shardlab.parallel.records import (
@@ -52,13 +69,15 @@ class StageEvent(_Record):
     """One interval on a stage's lane (seconds from the start of the pipelined part).
 
     ``kind``: ``forward``, ``backward``, ``send`` (a transfer to the next/previous stage,
-    exposed) or ``idle`` (a bubble); ``microbatch`` -1 for idle gaps."""
+    exposed) or ``idle`` (a bubble); ``microbatch`` -1 for idle gaps; ``chunk``: the model
+    chunk (virtual stage ``chunk · p + stage``) of an interleaved schedule, else 0."""
 
     stage: int
     kind: str
     microbatch: int
     start: float
     end: float
+    chunk: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,21 +85,23 @@ class ScheduleResult(_Record):
     """A simulated pipeline schedule.
 
     Attributes:
-        schedule: ``gpipe`` or ``1f1b``.
+        schedule: ``gpipe``, ``1f1b`` or ``interleaved``.
         stages: p.
         microbatches: m.
         step_time: seconds from the first forward to the last backward.
-        busy: per stage, seconds computing (forward + backward).
+        busy: per stage, seconds computing (forward + backward, all its chunks).
         sending: per stage, seconds of exposed transfers.
         bubble_share_of_step: MaxText / GPipe definition, idle share of the step
             (``1 - Σ busy / (p · step)``).
         bubble_over_ideal: Megatron definition, ``(step - ideal) / ideal`` with ideal
-            ``m · max_s (t_f + t_b)``.
-        bubble_share_of_step_formula: ``(p-1)/(m+p-1)``.
-        bubble_over_ideal_formula: ``(p-1)/m``.
+            ``m · max_s (t_f + t_b)`` (a stage's chunks summed).
+        bubble_share_of_step_formula: ``(p-1)/(v·m+p-1)`` (v = 1 but for interleaved).
+        bubble_over_ideal_formula: ``(p-1)/(v·m)``.
         in_flight: per stage, the most microbatches whose forward ran and backward did not
-            (m for GPipe, p - s for 1F1B).
+            (m for GPipe, p - s for 1F1B; interleaved: counted per model chunk, each
+            holding 1/v of the stage's layers).
         events: per stage, its forward/backward/send events and idle gaps, in time order.
+        virtual_stages: v, the model chunks per stage (1 but for interleaved).
     """
 
     schedule: str
@@ -95,26 +116,72 @@ class ScheduleResult(_Record):
     bubble_over_ideal_formula: float
     in_flight: tuple[int, ...]
     events: tuple[StageEvent, ...]
+    virtual_stages: int = 1
 
     @property
     def peak_in_flight(self) -> int:
         return max(self.in_flight)
 
 
-def _orders(schedule: str, p: int, m: int) -> list[list[tuple[str, int]]]:
+Work = tuple[str, int, int]  # (kind "F" or "B", microbatch, chunk)
+
+
+def _orders(schedule: str, p: int, m: int, v: int = 1) -> list[list[Work]]:
+    """Per stage, its forwards and backwards in the order it runs them."""
     if schedule == "gpipe":
-        return [[("F", j) for j in range(m)] + [("B", j) for j in range(m)] for _ in range(p)]
+        return [[("F", j, 0) for j in range(m)] + [("B", j, 0) for j in range(m)] for _ in range(p)]
+    if schedule == "interleaved" and v > 1:
+        return [_interleaved_order(p, v, m, s) for s in range(p)]
     out = []
     for s in range(p):
         warm = min(p - s - 1, m)
-        order = [("F", j) for j in range(warm)]
+        order: list[Work] = [("F", j, 0) for j in range(warm)]
         f, b = warm, 0
         while f < m:
-            order += [("F", f), ("B", b)]
+            order += [("F", f, 0), ("B", b, 0)]
             f, b = f + 1, b + 1
-        order += [("B", j) for j in range(b, m)]
+        order += [("B", j, 0) for j in range(b, m)]
         out.append(order)
     return out
+
+
+def _interleaved_order(p: int, v: int, m: int, s: int) -> list[Work]:
+    """Stage ``s``'s order under Megatron's interleaved 1F1B (Megatron-LM
+    ``forward_backward_pipelining_with_interleaving``): the k-th forward runs chunk
+    ``(k mod pv) // p`` of microbatch ``(k // pv)·p + k mod p`` (p microbatches through one
+    chunk, then the next chunk), the k-th backward the same microbatch through chunk
+    ``v - 1 - (k mod pv) // p``; ``2(p-s-1) + (v-1)p`` warm-up forwards, then one forward
+    one backward, then the remaining backwards."""
+
+    def unit(kind: str, k: int) -> Work:
+        group, r = divmod(k, p * v)
+        chunk = r // p if kind == "F" else v - 1 - r // p
+        return (kind, group * p + r % p, chunk)
+
+    total = m * v
+    warm = min(total, 2 * (p - s - 1) + (v - 1) * p)
+    order = [unit("F", k) for k in range(warm)]
+    for k in range(total - warm):
+        order += [unit("F", warm + k), unit("B", k)]
+    order += [unit("B", k) for k in range(total - warm, total)]
+    return order
+
+
+def _check_schedule(schedule: str, virtual_stages: int) -> None:
+    if schedule not in PIPELINE_SCHEDULES:
+        raise SearchError(
+            f"unknown pipeline schedule {schedule!r}: use one of "
+            f"{', '.join(map(repr, PIPELINE_SCHEDULES))}"
+        )
+    if isinstance(virtual_stages, bool) or not isinstance(virtual_stages, int):
+        raise SearchError(f"virtual_stages={virtual_stages!r}: a whole number, 1 or more")
+    if virtual_stages < 1:
+        raise SearchError(f"virtual_stages={virtual_stages}: use 1 or more model chunks per stage")
+    if virtual_stages > 1 and schedule != "interleaved":
+        raise SearchError(
+            f"virtual_stages={virtual_stages} is for schedule='interleaved' (got "
+            f"{schedule!r}); use schedule='interleaved' or virtual_stages=1"
+        )
 
 
 def simulate(
@@ -124,41 +191,45 @@ def simulate(
     *,
     schedule: str = "gpipe",
     transfer: Sequence[float] | float = 0.0,
+    virtual_stages: int = 1,
 ) -> ScheduleResult:
     """Simulate one step's pipelined part.
 
     Args:
-        forward: per stage, seconds of one microbatch's forward.
-        backward: per stage, seconds of one microbatch's backward (0 for inference).
+        forward: per virtual stage (``p · v`` values in pipeline order: virtual stage
+            ``k = c · p + s`` is chunk c on stage s; per stage when ``v = 1``), seconds of
+            one microbatch's forward.
+        backward: the same for one microbatch's backward (0 for inference).
         microbatches: m.
-        schedule: ``gpipe`` or ``1f1b``.
-        transfer: per stage boundary s → s+1 (``p - 1`` values, or one for all), seconds
-            of one microbatch's activation transfer (and of its gradient back).
+        schedule: ``gpipe``, ``1f1b`` or ``interleaved``.
+        transfer: per virtual-stage boundary k → k+1 (``p·v - 1`` values, or one for all),
+            seconds of one microbatch's activation transfer (and of its gradient back).
+        virtual_stages: v, model chunks per stage (``interleaved`` only).
 
     Raises:
-        SearchError: an unknown schedule, m < 1, or lengths that do not match.
+        SearchError: an unknown schedule, m < 1, v < 1 or v > 1 with another schedule, or
+            lengths that do not match.
     """
-    p, m = len(forward), int(microbatches)
-    if schedule not in PIPELINE_SCHEDULES:
-        raise SearchError(
-            f"unknown pipeline schedule {schedule!r}: use one of "
-            f"{', '.join(map(repr, PIPELINE_SCHEDULES))}"
-        )
-    if m < 1 or p < 1 or len(backward) != p:
+    _check_schedule(schedule, virtual_stages)
+    v, m = virtual_stages, int(microbatches)
+    if m < 1 or not forward or len(forward) % v or len(backward) != len(forward):
         raise SearchError(
             f"a pipeline needs m >= 1 microbatches ({m}) and one forward and backward time "
-            f"per stage ({p} forward, {len(backward)} backward)"
+            f"per virtual stage, stages × virtual_stages={v} of each ({len(forward)} "
+            f"forward, {len(backward)} backward)"
         )
+    n = len(forward)  # virtual stages
+    p = n // v
     xfer = (
-        [float(transfer)] * max(0, p - 1) if isinstance(transfer, (int, float)) else list(transfer)
+        [float(transfer)] * max(0, n - 1) if isinstance(transfer, (int, float)) else list(transfer)
     )
-    if len(xfer) != p - 1:
-        raise SearchError(f"transfer: {len(xfer)} values for {p - 1} stage boundaries")
+    if len(xfer) != n - 1:
+        raise SearchError(f"transfer: {len(xfer)} values for {n - 1} stage boundaries")
     has_backward = any(b > 0 for b in backward)
-    orders = _orders(schedule, p, m)
+    orders = _orders(schedule, p, m, v)
     if not has_backward:
-        orders = [[op for op in o if op[0] == "F"] for o in orders]
-    done: dict[tuple[str, int, int], float] = {}  # (kind, stage, mb) -> end incl. send
+        orders = [[w for w in o if w[0] == "F"] for o in orders]
+    done: dict[tuple[str, int, int], float] = {}  # (kind, virtual stage, mb) -> end incl. send
     clock = [0.0] * p
     pos = [0] * p
     events: list[StageEvent] = []
@@ -168,27 +239,29 @@ def simulate(
         progressed = False
         for s in range(p):
             while pos[s] < len(orders[s]):
-                kind, j = orders[s][pos[s]]
+                kind, j, c = orders[s][pos[s]]
+                k = c * p + s
                 if kind == "F":
-                    dep = ("F", s - 1, j) if s > 0 else None
+                    dep = ("F", k - 1, j) if k > 0 else None
                 else:
-                    dep = ("B", s + 1, j) if s < p - 1 else ("F", s, j)
+                    dep = ("B", k + 1, j) if k < n - 1 else ("F", k, j)
                 if dep is not None and dep not in done:
                     break
                 start = max(clock[s], done[dep] if dep is not None else 0.0)
-                seconds = forward[s] if kind == "F" else backward[s]
+                seconds = forward[k] if kind == "F" else backward[k]
                 end = start + seconds
                 name = "forward" if kind == "F" else "backward"
-                events.append(StageEvent(s, name, j, start, end))
-                # The transfer to the next stage (forward) or the previous (backward).
-                target = s + 1 if kind == "F" else s - 1
-                if 0 <= target < p:
-                    t = xfer[min(s, target)]
+                events.append(StageEvent(s, name, j, start, end, c))
+                # The transfer to the next virtual stage (forward) or the previous one
+                # (backward): on the stage ring, the last stage's chunk c feeds stage 0's c+1.
+                target = k + 1 if kind == "F" else k - 1
+                if 0 <= target < n:
+                    t = xfer[min(k, target)]
                     if t > 0:
-                        events.append(StageEvent(s, "send", j, end, end + t))
+                        events.append(StageEvent(s, "send", j, end, end + t, c))
                         sending[s] += t
                         end += t
-                done[(kind, s, j)] = end
+                done[(kind, k, j)] = end
                 clock[s] = end
                 pos[s] += 1
                 remaining -= 1
@@ -196,7 +269,11 @@ def simulate(
         if not progressed:  # pragma: no cover - the orders above never deadlock
             raise RuntimeError("pipeline schedule deadlocked")
     step = max(clock)
-    busy = [m * (forward[s] + (backward[s] if has_backward else 0.0)) for s in range(p)]
+    per_stage = [
+        sum(forward[c * p + s] + (backward[c * p + s] if has_backward else 0.0) for c in range(v))
+        for s in range(p)
+    ]
+    busy = [m * t for t in per_stage]
     lanes: list[StageEvent] = []
     in_flight = []
     for s in range(p):
@@ -217,9 +294,7 @@ def simulate(
             elif e.kind == "backward":
                 live -= 1
         in_flight.append(peak if has_backward else 1)
-    ideal = m * max(
-        f + (b if has_backward else 0.0) for f, b in zip(forward, backward, strict=True)
-    )
+    ideal = m * max(per_stage)
     return ScheduleResult(
         schedule=schedule,
         stages=p,
@@ -229,10 +304,11 @@ def simulate(
         sending=tuple(sending),
         bubble_share_of_step=1.0 - sum(busy) / (p * step) if step > 0 else 0.0,
         bubble_over_ideal=(step - ideal) / ideal if ideal > 0 else 0.0,
-        bubble_share_of_step_formula=(p - 1) / (m + p - 1),
-        bubble_over_ideal_formula=(p - 1) / m,
+        bubble_share_of_step_formula=(p - 1) / (v * m + p - 1),
+        bubble_over_ideal_formula=(p - 1) / (v * m),
         in_flight=tuple(in_flight),
         events=tuple(lanes),
+        virtual_stages=v,
     )
 
 
@@ -242,7 +318,8 @@ class LayerTimes(_Record):
 
     Attributes:
         forward: per layer, seconds of its forward (roofline + the collectives it needs).
-        backward: per layer, seconds of its backward (0 without a backward scan).
+        backward: per layer, seconds of its backward (0 without a backward scan), the
+            recompute of a remat policy included.
         residual_bytes: per layer, per-device bytes its forward keeps for the backward
             (the forward scan's stacked outputs the backward scan reads).
         activation_bytes: per-device bytes of the activation passed between layers (the
@@ -253,6 +330,9 @@ class LayerTimes(_Record):
         layer_collectives: per layer, the collectives inside it (forward and backward).
         scan: the forward layer scan's group index (``OpGraph.scan_groups``).
         backward_scan: the backward scan's group index, or -1.
+        recompute: per layer, the seconds of the forward equations the backward recomputes
+            under the remat policy (their roofline and their collectives; part of
+            ``backward``); empty without a policy.
     """
 
     forward: tuple[float, ...]
@@ -266,6 +346,7 @@ class LayerTimes(_Record):
     layer_collectives: tuple[tuple[Collective, ...], ...]
     scan: int
     backward_scan: int
+    recompute: tuple[float, ...] = ()
 
     @property
     def layers(self) -> int:
@@ -307,9 +388,14 @@ def layer_times(
     scans: Sequence[int] = (),
     policy: str = "none",
     output_layouts: Sequence[L.DimAxes | None] | None = None,
+    constraints: Mapping[int, L.DimAxes] | None = None,
 ) -> tuple[LayerTimes, CostBreakdown]:
     """Per-layer times and bytes of ``graph``'s layer scan under ``input_layouts`` with the
-    stage ``axis`` taken out (``policy``: the remat policy deciding the residuals kept).
+    stage ``axis`` taken out (``policy``: the remat policy deciding the residuals kept and
+    the forward equations each layer's backward recomputes, priced as the forward's own:
+    ``cost/remat.recomputed_nodes``, collectives included, as a recomputed Megatron
+    forward repeats its all-reduces; ``constraints``: ``{variable: layout}`` inside the
+    function, a plan's, e.g. ZeRO-3's per-layer gathers).
 
     Returns the layer times and the unpipelined ``CostBreakdown`` of the same layouts."""
     ins = [_strip(lay, axis) for lay in input_layouts]
@@ -318,7 +404,8 @@ def layer_times(
         if output_layouts is None
         else [None if o is None else _strip(o, axis) for o in output_layouts]
     )
-    cost, prop = layout_cost(graph, ins, sizes, profile, output_layouts=outs)
+    inside = None if not constraints else {v: _strip(lay, axis) for v, lay in constraints.items()}
+    cost, prop = layout_cost(graph, ins, sizes, profile, constraints=inside, output_layouts=outs)
     f, pair = _pick_scan(graph, scans)
     fwd = graph.scan_groups[f]
     b = pair.backward if pair is not None else -1
@@ -349,6 +436,17 @@ def layer_times(
     tail = prop.collectives[covered:]
     outside += sum(profile.time_of(c) for c in tail)
     out_coll.extend(tail)
+    recompute = [0.0] * n
+    if pair is not None and policy != "none" and b >= 0:
+        node_seconds = {
+            index: seconds + sum(profile.time_of(c) for c in prop.collectives[first:last])
+            for index, first, last, seconds in prop.spans
+        }
+        again = recomputed_nodes(fwd, pair, policy)
+        for i, start in enumerate(fwd.iteration_starts):
+            layer = n - 1 - i if fwd.reverse else i
+            recompute[layer] = sum(node_seconds.get(start + k, 0.0) for k in again)
+            t_b[layer] += recompute[layer]
     residual = [0] * n
     if pair is not None:
         kept = pair.kept(policy)
@@ -373,6 +471,7 @@ def layer_times(
         layer_collectives=tuple(tuple(c) for c in coll),
         scan=f,
         backward_scan=b,
+        recompute=tuple(recompute) if any(recompute) else (),
     )
     return times, cost
 
@@ -400,9 +499,10 @@ class PipelineCost(_Record):
     Attributes:
         spec: the pipeline.
         schedule: the simulated schedule (per-stage lanes, bubbles, in-flight counts).
-        stage_forward: per stage, seconds of one microbatch's forward.
-        stage_backward: per stage, seconds of one microbatch's backward.
-        layers_per_stage: the layers each stage runs (equal: the SPMD pipeline's layout).
+        stage_forward: per stage, seconds of one microbatch's forward (all its chunks).
+        stage_backward: per stage, seconds of one microbatch's backward (all its chunks).
+        layers_per_stage: the layers each stage runs, all its chunks (equal: the SPMD
+            pipeline's layout).
         transfer_time: seconds of one stage-to-stage transfer (alpha-beta, stage axis).
         microbatch_bytes: per-device bytes of that transfer.
         permute_count: collective-permutes per step per device in the SPMD loop
@@ -452,6 +552,34 @@ def _stacked_leaves(graph: OpGraph, times: LayerTimes) -> set[int]:
     }
 
 
+def _check_interleaving(
+    spec: PipelineSpec, layers: int, rows: int, assignment: Sequence[int] | None
+) -> int:
+    """``spec.virtual_stages`` once valid for these layers and this batch."""
+    v, p, m = spec.virtual_stages, spec.stages, spec.microbatches
+    _check_schedule(spec.schedule, v)
+    if v > 1 and assignment is None and p >= 1 and layers % (p * v):
+        per_stage = layers // p if layers % p == 0 else 0
+        good = [d for d in divisors(per_stage) if d > 1] if per_stage else []
+        hint = (
+            f"use virtual_stages in {good}"
+            if good
+            else f"stages={p} does not divide them either; use stages in {divisors(layers)}"
+        )
+        raise SearchError(
+            f"stages={p} × virtual_stages={v} = {p * v} does not divide the {layers} scanned "
+            f"layers; {hint} (or pass assignment= with {p * v} layer counts)"
+        )
+    if v > 1 and p >= 1 and m % p:
+        good = [d for d in divisors(rows) if d % p == 0]
+        raise SearchError(
+            f"microbatches={m}: Megatron's interleaved schedule needs a multiple of the "
+            f"stages ({p}); use one of {good or [p]}"
+            + ("" if good else f" (a batch of {rows} has none: change the batch)")
+        )
+    return v
+
+
 def divisors(n: int) -> list[int]:
     """The positive divisors of ``n``, ascending (the valid stage or microbatch counts)."""
     return [d for d in range(1, n + 1) if n % d == 0]
@@ -476,13 +604,17 @@ def predict_pipeline(
         input_layouts: per flat argument leaf, its layout (overrides the plan's).
         device: the device profile (default: the plan's, else by backend).
         policy: remat policy of the layer scan (default: the plan's, else ``none``).
-        assignment: layers per stage (default: equal, ``layers / stages`` each).
+        assignment: layers per stage (default: equal, ``layers / stages`` each); for
+            ``interleaved``, per virtual stage ``k = c · stages + s`` (chunk c on stage s),
+            ``stages × virtual_stages`` counts.
         layers: ``layer_times(...)`` of these layouts already computed (they do not depend
             on the stages, microbatches or schedule).
 
     Raises:
         SearchError: no layer scan, stages that do not divide the layers, microbatches that
-            do not divide the batch, a mesh without ``spec.axis``.
+            do not divide the batch, a mesh without ``spec.axis``; for ``interleaved``,
+            stages × virtual_stages not dividing the layers, or microbatches not a
+            multiple of the stages (Megatron's requirement).
     """
     binding = getattr(plan_or_binding, "binding", None) or plan_or_binding
     graph: OpGraph = binding.graph
@@ -507,11 +639,25 @@ def predict_pipeline(
         )
     remat = getattr(plan_or_binding, "remat", None)
     kept: str = policy or (remat.policy if remat is not None else "none")
+    # A plan's constraints inside the function (ZeRO-3's per-layer gathers) price here too.
+    inside = {
+        graph.nodes[i].outputs[0]: lays[0]
+        for i, _, lays in getattr(plan_or_binding, "constraints", ()) or ()
+        if lays and lays[0]
+    }
     times, flat = layers or layer_times(
-        graph, input_layouts, sizes, profile, axis=spec.axis, scans=spec.scans, policy=kept
+        graph,
+        input_layouts,
+        sizes,
+        profile,
+        axis=spec.axis,
+        scans=spec.scans,
+        policy=kept,
+        constraints=inside or None,
     )
     p, m, n = spec.stages, spec.microbatches, times.layers
-    if p < 1 or n % p:
+    v = _check_interleaving(spec, n, times.carry_rows, assignment)
+    if p < 1 or (assignment is None and n % p):
         good = divisors(n)
         raise SearchError(f"stages={p} does not divide the {n} scanned layers; use one of {good}")
     if m < 1 or times.carry_rows % m:
@@ -520,12 +666,17 @@ def predict_pipeline(
         raise SearchError(
             f"microbatches={m} does not divide the batch of {rows}; use one of {good}"
         )
-    counts = list(assignment) if assignment is not None else [n // p] * p
-    if len(counts) != p or sum(counts) != n or min(counts) < 1:
-        raise SearchError(f"assignment {counts}: {p} positive layer counts summing to {n}")
-    bounds = [sum(counts[:s]) for s in range(p + 1)]
-    fw = tuple(sum(times.forward[bounds[s] : bounds[s + 1]]) / m for s in range(p))
-    bw = tuple(sum(times.backward[bounds[s] : bounds[s + 1]]) / m for s in range(p))
+    # Per virtual stage k = c·p + s (chunk c on stage s; k = s without interleaving).
+    virtual = list(assignment) if assignment is not None else [n // (p * v)] * (p * v)
+    if len(virtual) != p * v or sum(virtual) != n or min(virtual) < 1:
+        what = f"{p} stages" if v == 1 else f"{p} stages × {v} virtual stages = {p * v}"
+        raise SearchError(f"assignment {virtual}: {what} positive layer counts summing to {n}")
+    bounds = [sum(virtual[:k]) for k in range(p * v + 1)]
+    fw_v = [sum(times.forward[bounds[k] : bounds[k + 1]]) / m for k in range(p * v)]
+    bw_v = [sum(times.backward[bounds[k] : bounds[k + 1]]) / m for k in range(p * v)]
+    counts = [sum(virtual[c * p + s] for c in range(v)) for s in range(p)]
+    fw = tuple(sum(fw_v[c * p + s] for c in range(v)) for s in range(p))
+    bw = tuple(sum(bw_v[c * p + s] for c in range(v)) for s in range(p))
     mb_bytes = microbatch_bytes(times, m)
     xfer = (
         profile.collective_time(
@@ -534,7 +685,7 @@ def predict_pipeline(
         if p > 1
         else 0.0
     )
-    sim = simulate(fw, bw, m, schedule=spec.schedule, transfer=xfer)
+    sim = simulate(fw_v, bw_v, m, schedule=spec.schedule, transfer=xfer, virtual_stages=v)
     train = any(t > 0 for t in times.backward)
     shifts = (2 if train else 1) * (m + p - 1) if p > 1 else 0
     exit_bytes = times.activation_bytes if p > 1 else 0
@@ -553,7 +704,15 @@ def predict_pipeline(
     # A microbatch too small to split over the carry's batch axes is held whole.
     whole = microbatch_bytes(times, m) / max(1, times.activation_bytes) * m
     stage_res = [
-        int(sum(times.residual_bytes[bounds[s] : bounds[s + 1]]) / m * whole) for s in range(p)
+        int(
+            sum(
+                sum(times.residual_bytes[bounds[c * p + s] : bounds[c * p + s + 1]])
+                for c in range(v)
+            )
+            / m
+            * whole
+        )
+        for s in range(p)
     ]
     # The SPMD GPipe loop (plan/pipeline.py) differentiates m + p - 1 iterations, so its
     # backward keeps the residuals of every iteration, the bubbles' too. Every schedule runs
@@ -616,6 +775,20 @@ def predict_pipeline(
         ),
         f"a microbatch costs 1/{m} of the full batch's layer time; transfers exposed, "
         f"{xfer * 1e6:.2f} us each on {spec.axis!r}",
+        *(
+            [
+                f"interleaved: {v} model chunks per stage, {sum(sim.sending) / max(xfer, 1e-30):.0f} "
+                f"transfers simulated (priced only: the compiled program runs the SPMD GPipe "
+                f"loop, whose collective-permutes are counted here)"
+            ]
+            if v > 1
+            else []
+        ),
+        *(
+            [f"recompute ({kept}) in the backward: {sum(times.recompute) * 1e3:.3f} ms"]
+            if times.recompute
+            else []
+        ),
         f"outside the pipeline (run once): {times.outside * 1e3:.3f} ms",
     )
     return PipelineCost(

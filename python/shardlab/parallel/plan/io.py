@@ -554,6 +554,12 @@ def _pipeline(raw: Any, sizes: dict[str, int]) -> PipelineSpec | None:
         axis=axis,
         schedule=_choice(obj.get("schedule", "gpipe"), PIPELINE_SCHEDULES, "pipeline.schedule"),
         scans=_groups(obj.get("scans", []), "pipeline.scans"),
+        virtual_stages=_int(
+            obj.get("virtual_stages", 1),
+            "pipeline.virtual_stages",
+            low=1,
+            what="a positive int",
+        ),
     )
 
 

@@ -39,7 +39,7 @@ from shardlab.parallel.graph.interpret import ScanRunner
 from shardlab.parallel.graph.opgraph import Node, OpGraph, ScanGroup, build_from_jaxpr
 from shardlab.parallel.graph.rules import rule_for
 from shardlab.parallel.mesh import mesh_shape_of
-from shardlab.parallel.records import PipelineSpec
+from shardlab.parallel.records import PIPELINE_SCHEDULES, PipelineSpec
 from shardlab.parallel.specs import spec_entries
 
 SUM = -1  # the state of a partial sum over the batch (other states: None, or the split dim)
@@ -51,7 +51,6 @@ _LINEAR_ALL = frozenset(
     "concatenate rev".split()
 )
 _LINEAR_ONE = frozenset("mul dot_general".split())  # linear in one operand
-_SCHEDULES = ("gpipe", "1f1b")
 _REMAT = frozenset({"checkpoint", "remat", "remat2"})  # jax.checkpoint's primitive
 
 
@@ -452,8 +451,16 @@ def _check_mesh(mesh: Mesh, spec: PipelineSpec) -> None:
             f"stages={spec.stages} but mesh axis {spec.axis!r} has {sizes[spec.axis]} "
             f"devices: use stages={sizes[spec.axis]} (one stage per device of the axis)"
         )
-    if spec.schedule not in _SCHEDULES:
-        raise PipelineError(f"schedule {spec.schedule!r} is not one of {list(_SCHEDULES)}")
+    if spec.schedule not in PIPELINE_SCHEDULES:
+        raise PipelineError(f"schedule {spec.schedule!r} is not one of {list(PIPELINE_SCHEDULES)}")
+    v = spec.virtual_stages
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise PipelineError(f"virtual_stages={v!r}: use 1 or more model chunks per stage")
+    if v > 1 and spec.schedule != "interleaved":
+        raise PipelineError(
+            f"virtual_stages={v} is for schedule='interleaved' (got {spec.schedule!r}); use "
+            "schedule='interleaved' or virtual_stages=1"
+        )
     if spec.microbatches < 1:
         raise PipelineError(f"microbatches={spec.microbatches}: use 1 or more")
 
@@ -596,10 +603,11 @@ def with_pipeline(plan: Any, spec: PipelineSpec) -> Any:
     notes = [
         f"pipelined: {spec.stages} stages over {spec.axis!r}, {spec.microbatches} microbatches"
     ]
-    if spec.schedule == "1f1b":
+    if spec.schedule in ("1f1b", "interleaved"):
         notes.append(
-            "1f1b runs as GPipe: one SPMD jit cannot interleave the forward and backward "
-            "scans; its cost is the GPipe loop's it runs"
+            f"{spec.schedule} runs as GPipe: one SPMD jit cannot interleave the forward and "
+            "backward scans; its step time is the simulated schedule's, its memory the "
+            "GPipe loop's it runs"
         )
     new = dataclasses.replace(
         plan,

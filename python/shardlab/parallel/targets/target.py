@@ -69,7 +69,9 @@ class Target(_Record):
     @property
     def devices(self) -> tuple[Any, ...]:
         """The abstract devices, in the compiler's order (nothing can run on them)."""
-        return target_devices(self.spec)
+        # The ones made with the target, held as long as it is: a mesh over them is known
+        # by their identity (``target_of``), and ``target_devices`` keeps only 16 specs.
+        return _DEVICES.get(self.spec) or target_devices(self.spec)
 
     @property
     def granule(self) -> str:
@@ -89,6 +91,7 @@ class Target(_Record):
 
 
 _MADE: dict[TargetSpec, Target] = {}
+_DEVICES: dict[TargetSpec, tuple[Any, ...]] = {}  # each made target's devices, kept with it
 _DEFAULT: list[Target] = []  # the kernel's %target: what shardlab.mesh(...) lays axes over
 
 
@@ -143,6 +146,7 @@ def target(
     if made is not None:
         return made
     devices = target_devices(spec)
+    _DEVICES[spec] = devices
     n_hosts = len({d.process_index for d in devices})
     per_host = len(devices) // max(n_hosts, 1)
     made = Target(

@@ -37,6 +37,8 @@ def schedule_svg(s: ScheduleResult) -> str:
         y = e.stage * (LANE + 6)
         x, w = e.start * scale, max((e.end - e.start) * scale, 0.6)
         what = e.kind if e.microbatch < 0 else f"{e.kind} of microbatch {e.microbatch}"
+        if s.virtual_stages > 1 and e.microbatch >= 0:
+            what += f", chunk {e.chunk}"
         title = f"stage {e.stage}: {what}, {fmt_time(e.end - e.start)} at {fmt_time(e.start)}"
         height = LANE if e.kind != "send" else LANE // 3
         top = y if e.kind != "send" else y + LANE - height
@@ -47,6 +49,8 @@ def schedule_svg(s: ScheduleResult) -> str:
         )
         if e.kind in ("forward", "backward") and w >= 11:
             label = ("F" if e.kind == "forward" else "B") + str(e.microbatch)
+            if s.virtual_stages > 1:
+                label += f".{e.chunk}"
             parts.append(
                 f"<text x='{x + w / 2:.2f}' y='{y + LANE - 7}' text-anchor='middle' "
                 f"font-size='10' fill='#222'>{label}</text>"
@@ -73,13 +77,16 @@ def summary_lines(cost: PipelineCost) -> list[str]:
     """The figures beside the drawing, in words."""
     s, spec = cost.schedule, cost.spec
     per_stage = ", ".join(str(n) for n in cost.layers_per_stage)
+    v = s.virtual_stages
+    schedule = spec.schedule if v == 1 else f"{spec.schedule} ({v} chunks per stage)"
+    vm = "m" if v == 1 else "v·m"
     return [
-        f"{spec.stages} stages × {spec.microbatches} microbatches, {spec.schedule}, "
+        f"{spec.stages} stages × {spec.microbatches} microbatches, {schedule}, "
         f"layers per stage {per_stage}; pipelined part {fmt_time(s.step_time)}, whole step "
         f"{fmt_time(cost.time)} predicted",
         f"bubble: {s.bubble_share_of_step:.1%} of the pipelined part idle (GPipe/MaxText "
-        f"definition; (p−1)/(m+p−1) = {s.bubble_share_of_step_formula:.1%}), "
-        f"{s.bubble_over_ideal:.1%} over the ideal time (Megatron definition; (p−1)/m = "
+        f"definition; (p−1)/({vm}+p−1) = {s.bubble_share_of_step_formula:.1%}), "
+        f"{s.bubble_over_ideal:.1%} over the ideal time (Megatron definition; (p−1)/{vm} = "
         f"{s.bubble_over_ideal_formula:.1%})",
         f"in flight at the peak: {s.peak_in_flight} microbatches on the busiest stage; "
         f"{cost.permute_count} collective-permutes per step, "

@@ -150,24 +150,21 @@ def _check_axes(t: _On, axes: Sequence[str], what: str) -> None:
             raise SearchError(f"{what}: mesh axis {a!r} not in mesh axes {list(t.sizes)}")
 
 
-def build(
-    fn: Callable[..., Any],
-    *args: Any,
+def baseline_layouts(
+    traced: Traced,
     mesh: Mesh,
+    *,
     data_axes: Sequence[str] = (),
     model_axis: str | None = None,
     zero_axes: Sequence[str] = (),
     batch_argnums: Sequence[int] | None = None,
-    device: str | DeviceProfile | None = None,
-    name: str = "",
-    traced: Traced | None = None,
     zero_stage: int = 1,
-) -> Plan:
-    """A baseline from its ingredients: batch split over ``data_axes``, Megatron tensor
-    parallelism over ``model_axis``, optimizer state (or, without any, parameters) split over
-    ``zero_axes``; with ``zero_stage=3`` the parameters as well as the optimizer state."""
-    start = time.perf_counter()
-    t = _On(traced if traced is not None else trace(fn, *args), mesh)
+    name: str = "",
+) -> tuple[list[L.DimAxes], dict[int, L.DimAxes]]:
+    """``build``'s argument layouts and (ZeRO-3) per-layer constraints, not priced: for a
+    caller that adjusts a layout (a vocabulary split, say) before pricing the plan once
+    with ``plan.fixed.fixed_plan``."""
+    t = _On(traced, mesh)
     _check_axes(t, [*data_axes, *zero_axes, *([model_axis] if model_axis else [])], name)
     batch, params, state = _roles(t, batch_argnums)
     shapes = t.shapes()
@@ -194,13 +191,44 @@ def build(
                 if got and free and shape[d] % (math.prod(t.sizes[a] for a in got)) == 0:
                     layouts[i] = _with(layouts[i], d, got)
                     break
+    constraints = _gathered_slices(t, layouts, gathered, params) if zero_stage == 3 else {}
+    return layouts, constraints
+
+
+def build(
+    fn: Callable[..., Any],
+    *args: Any,
+    mesh: Mesh,
+    data_axes: Sequence[str] = (),
+    model_axis: str | None = None,
+    zero_axes: Sequence[str] = (),
+    batch_argnums: Sequence[int] | None = None,
+    device: str | DeviceProfile | None = None,
+    name: str = "",
+    traced: Traced | None = None,
+    zero_stage: int = 1,
+) -> Plan:
+    """A baseline from its ingredients: batch split over ``data_axes``, Megatron tensor
+    parallelism over ``model_axis``, optimizer state (or, without any, parameters) split over
+    ``zero_axes``; with ``zero_stage=3`` the parameters as well as the optimizer state."""
+    start = time.perf_counter()
+    traced = traced if traced is not None else trace(fn, *args)
+    layouts, constraints = baseline_layouts(
+        traced,
+        mesh,
+        data_axes=data_axes,
+        model_axis=model_axis,
+        zero_axes=zero_axes,
+        batch_argnums=batch_argnums,
+        zero_stage=zero_stage,
+        name=name,
+    )
     name = name or "custom"
     note = f"baseline {name}: argument layouts fixed, the partitioner propagates the rest"
-    constraints = _gathered_slices(t, layouts, gathered, params) if zero_stage == 3 else {}
     if constraints:
         note += "; each layer's parameters gathered where its scan reads them (FSDP)"
     return fixed_plan(
-        t.traced,
+        traced,
         mesh,
         layouts,
         method=name,

@@ -30,8 +30,8 @@ from shardlab.parallel.graph.trace import trace
 from shardlab.parallel.records import PipelineSpec, _Record
 
 # The schedules the search chooses among: those the SPMD pipeline executes as priced. 1F1B
-# is simulated (``cost/pipeline.py``) but runs in GPipe's order, so choosing it would only
-# trust a simulated time the program does not have.
+# and interleaved 1F1B are simulated (``cost/pipeline.py``) but run in GPipe's order, so
+# choosing them would only trust a simulated time the program does not have.
 EXECUTED_SCHEDULES = ("gpipe",)
 
 
@@ -230,7 +230,9 @@ def choose_pipeline(
 
     Tries stage counts (the size of the mesh's ``axis``, when it divides the layers; or
     ``pipeline`` when an int), microbatch counts dividing the batch (or ``microbatches``),
-    the schedules, and within each stage the data-parallel and tensor baselines' layouts
+    the schedules (``interleaved``: every number of model chunks > 1 dividing a stage's
+    layers, with the microbatch counts that are multiples of the stages; tried rows name it
+    ``interleaved×v``), and within each stage the data-parallel and tensor baselines' layouts
     with the stage axis taken out; compares with the unpipelined baselines on the same
     mesh, within ``memory_budget`` (the cost model's per-device peak).
 
@@ -329,22 +331,28 @@ def choose_pipeline(
         layers = layer_times(graph, ins, sizes, profile, axis=axis)
         for p in stage_counts:
             for m in micro:
-                for schedule in schedules:
-                    spec = PipelineSpec(p, m, axis=axis, schedule=schedule)
+                for schedule, v in _variants(schedules, n, p, m):
+                    spec = PipelineSpec(p, m, axis=axis, schedule=schedule, virtual_stages=v)
                     got = predict_pipeline(plan, spec, device=profile, layers=layers)
-                    tried.append((p, m, schedule, name, got.time, got.cost.memory.peak))
+                    label = schedule if v == 1 else f"{schedule}×{v}"
+                    tried.append((p, m, label, name, got.time, got.cost.memory.peak))
                     if got.cost.memory.peak > budget:
                         continue
                     if best is None or got.time < best.time:
                         best, best_layout = got, name
     if best is None:
+        if not tried:
+            return answer(
+                f"no schedule of {list(schedules)} applies to {stage_counts} stages and "
+                f"microbatches {micro} (interleaved needs a multiple of the stages)"
+            )
         return answer("no pipelined plan fits the memory budget", tried=tuple(tried))
     per_layer = [f + b for f, b in zip(times.forward, times.backward, strict=True)]
     stages = choose_stages(per_layer, best.spec.stages, best.spec.microbatches)
     if best.time >= base_time:
         return answer(
             f"stages do not pay: the best pipeline ({best.spec.stages} stages, "
-            f"{best.spec.microbatches} microbatches, {best.spec.schedule}, {best_layout} "
+            f"{best.spec.microbatches} microbatches, {_label(best.spec)}, {best_layout} "
             f"inside) takes {best.time * 1e3:.3f} ms, the {base_name} baseline "
             f"{base_time * 1e3:.3f} ms",
             tried=tuple(tried),
@@ -352,13 +360,33 @@ def choose_pipeline(
         )
     return answer(
         f"{best.spec.stages} stages × {best.spec.microbatches} microbatches "
-        f"({best.spec.schedule}, {best_layout} inside each stage): {best.time * 1e3:.3f} ms "
+        f"({_label(best.spec)}, {best_layout} inside each stage): {best.time * 1e3:.3f} ms "
         f"predicted vs {base_time * 1e3:.3f} ms for {base_name or 'no unpipelined plan'}",
         spec=best.spec,
         cost=best,
         tried=tuple(tried),
         stages=stages,
     )
+
+
+def _variants(
+    schedules: Sequence[str], layers: int, stages: int, microbatches: int
+) -> list[tuple[str, int]]:
+    """(schedule, virtual stages) pairs to try: one per schedule, and for ``interleaved``
+    every number of chunks > 1 that divides a stage's layers, when the microbatches are a
+    multiple of the stages (Megatron's requirement)."""
+    out = []
+    for schedule in schedules:
+        if schedule != "interleaved":
+            out.append((schedule, 1))
+        elif microbatches % stages == 0:
+            out += [(schedule, v) for v in divisors(layers // stages) if v > 1]
+    return out
+
+
+def _label(spec: PipelineSpec) -> str:
+    v = spec.virtual_stages
+    return spec.schedule if v == 1 else f"{spec.schedule}×{v}"
 
 
 __all__ = [
