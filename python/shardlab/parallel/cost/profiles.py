@@ -273,18 +273,21 @@ class DeviceProfile(_Record):
             if self.matmul_tile > 1:
                 compute *= self.tile_padding(matmul)
             extra += self.matmul_latency
-        memory = nbytes / (self.memory_bandwidth * self.memory_efficiency)
-        roofline = max(compute, memory) + (1.0 - self.overlap) * min(compute, memory)
-        return roofline + extra if roofline > 0 else roofline
+        return self._roofline(compute, nbytes, extra)
 
     def program_time(self, flops: float, nbytes: float) -> float:
         """The roofline of a whole program's per-device totals (what ``cost_analysis``
         reports): its flops at the matrix multiplies' achievable rate (they are nearly all
         of a training step's), its bytes at the achievable memory bandwidth."""
         compute = flops / (self.peak_flops * self.matmul_efficiency)
+        return self._roofline(compute, nbytes, self.op_overhead)
+
+    def _roofline(self, compute: float, nbytes: float, extra: float) -> float:
+        """``compute`` seconds against ``nbytes`` at the achievable bandwidth: the longer,
+        the part of the shorter ``overlap`` does not hide, and ``extra`` if any work."""
         memory = nbytes / (self.memory_bandwidth * self.memory_efficiency)
         roofline = max(compute, memory) + (1.0 - self.overlap) * min(compute, memory)
-        return roofline + self.op_overhead if roofline > 0 else roofline
+        return roofline + extra if roofline > 0 else roofline
 
     def tile_padding(self, matmul: tuple[int, int, int, int]) -> float:
         """How many times the work of a ``(batch, m, n, k)`` matrix multiply its whole

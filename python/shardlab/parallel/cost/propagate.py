@@ -348,7 +348,7 @@ class _Propagator:
             part = part + carried
             if part:
                 self.partial[v] = part
-                self.origin[v] = origin if carried and not rule.reduction else node.index
+                self.origin[v] = node.index if rule.reduction else origin
         used = math.prod(self.sizes[a] for axes in factor_axes.values() for a in axes)
         self.flops += rule.flops / used * self.count
         features = L.convolution_features(node, self.g.shapes, in_lays, out_lays, self.sizes)
