@@ -717,9 +717,38 @@ PULLED = ELEMENTWISE | frozenset(
 )
 # Pulled only when their own result is resharded: a scatter-add (an embedding's gradient)
 # sliced straight into its ZeRO update is scattered masked into the slice, the updates
-# gathered; one summed with another partial sum first (a tied embedding's two gradients)
-# is all-reduced whole with it.
+# gathered, where XLA's partitioner finds that cheaper (``_masked_scatter_chosen``); one
+# summed with another partial sum first (a tied embedding's two gradients) is all-reduced
+# whole with it.
 PULLED_DIRECTLY = frozenset(("scatter-add", "scatter_add"))
+
+
+def _masked_scatter_chosen(
+    graph: OpGraph, p: _Propagator, node: Node, lay: L.DimAxes, sizes: Mapping[str, int]
+) -> bool:
+    """Whether XLA's SPMD partitioner scatters masked into ``lay``'s slices (updates and
+    indices gathered whole) rather than into a whole operand per device (updates kept split,
+    the result a partial sum then reduced).
+
+    The partitioner dry-runs each scatter method and takes the one of least (peak memory,
+    communication), memory first (``ScatterPartitionMethodsOrderedByCost`` over
+    ``EvaluatePartitionCost`` in XLA's ``spmd/gather_scatter_handler.cc``): a scatter's
+    memory is its operand, indices, updates and result as each device holds them. Masked:
+    ``2·O/n + U + I``; partial: ``2·O + U/u + I/i`` (``n``: the result's shards; ``u``,
+    ``i``: the updates' and indices' shards now). An embedding's gradient with few looked-up
+    rows is scattered masked; one with more rows' updates than table (a GPT's 4,096 tokens
+    into 1,024 words) is reduced whole."""
+    operand, indices, updates = node.inputs[0], node.inputs[1], node.inputs[2]
+
+    o, i, u = graph.nbytes(operand), graph.nbytes(indices), graph.nbytes(updates)
+    masked = (2 * o / L.shard_count(lay, sizes) + u + i, u + i)
+    partial = (
+        2 * o
+        + u / L.shard_count(p.layout(updates), sizes)
+        + i / L.shard_count(p.layout(indices), sizes),
+        o,
+    )
+    return masked <= partial
 
 
 def _pull_back(
@@ -766,7 +795,11 @@ def _pull_back(
             continue
         out[v] = lay
         node = graph.nodes[graph.producer(v)]
-        direct = node.primitive in PULLED_DIRECTLY and want.get(v) == lay
+        direct = (
+            node.primitive in PULLED_DIRECTLY
+            and want.get(v) == lay
+            and _masked_scatter_chosen(graph, p, node, lay, sizes)
+        )
         if (node.primitive not in PULLED and not direct) or len(node.outputs) != 1:
             continue
         rule = rule_for(node, graph)
