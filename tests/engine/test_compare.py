@@ -241,3 +241,17 @@ def test_compare_cell_magic_in_a_real_kernel():
         assert "shardlab" not in text.split("line:")[1].split("\n")[0]
     finally:
         kernel.shutdown()
+
+
+@pytest.mark.parametrize("line", ["out = x or y", "out = not x", "out = x == y == z"])
+def test_a_cell_converted_without_control_flow_compares(line):
+    """A cell converted only for ``and``/``or``/``not`` or a chained comparison (no
+    ``if``/``while``/``for``, so no sites) still gets the converter's runtime when compared:
+    it was ``NameError: name '__sl__' is not defined``."""
+    namespace: dict = {"jax": jax, "jnp": jnp}
+    namespace.update(x=jnp.array(0.0), y=jnp.array(2.0), z=jnp.array(2.0))
+    report = compare_cell(line + "\n", namespace, filename="<compare-or-cell>")
+    assert report.failure is None, report.summary()
+    assert "__sl" not in report.summary()
+    if line == "out = x or y":  # a float result is compared; booleans are not
+        assert [leaf.label for leaf in report.leaves] == ["out"]

@@ -410,14 +410,16 @@ def _free_reads(body: list[ast.stmt]) -> list[str]:
     return reads.names
 
 
-_CONVERTIBLE = (ast.If, ast.While, ast.For, ast.BoolOp, ast.IfExp)
+_CONVERTIBLE = (ast.If, ast.While, ast.For, ast.BoolOp, ast.IfExp, ast.Assert)
 
 
 def _has_control_flow(body: list[ast.stmt]) -> bool:
     for node in body:
         for child in walk_scope(node):
-            if isinstance(child, _CONVERTIBLE) or (
-                isinstance(child, ast.UnaryOp) and isinstance(child.op, ast.Not)
+            if (
+                isinstance(child, _CONVERTIBLE)
+                or (isinstance(child, ast.UnaryOp) and isinstance(child.op, ast.Not))
+                or (isinstance(child, ast.Compare) and len(child.ops) > 1)  # a < b < c
             ):
                 return True
     return False

@@ -33,6 +33,7 @@ from shardlab._core.trees import Parts, is_array, is_jax_array, split
 from shardlab.engine.cells import state
 from shardlab.engine.cells.errors import GraphStagingError, translate_trace_error
 from shardlab.engine.cells.source import FORMAT_NAME, RESULT_NAME, CellSource, analyse_cell
+from shardlab.engine.convert.exprs import raising_failed_asserts
 from shardlab.engine.convert.loops import Runtime
 from shardlab.engine.convert.ops import ControlFlowError, Undefined
 from shardlab.engine.convert.rewrite import RUNTIME
@@ -44,6 +45,10 @@ __all__ = [
     "run_graph_cell",
 ]
 
+
+# A `for` over a concrete `range` this long whose state holds arrays (a training loop
+# written as eager code) is staged as lax.scan, one copy of its body instead of one per step.
+LONG_RANGE = 100
 
 _TRACE_ERRORS = (
     jax.errors.ConcretizationTypeError,  # includes TracerBoolConversionError
@@ -320,8 +325,9 @@ def _make_staged(entry: _Entry, cache: GraphCache) -> Callable[..., Any]:
             FORMAT_NAME: DeferredFormat,
         }
         namespace.update(entry.statics)
-        if cell.sites:
+        if cell.converted_source is not None:  # converted code calls __sl__, sites or not
             entry.runtime = Runtime(cell.sites, filename=cell.filename, strict=entry.strict)
+            entry.runtime.long_range = LONG_RANGE
             namespace[RUNTIME] = entry.runtime
         offset = 0
         rebuilt: list[tuple[_Input, Any, list[Any]]] = []
@@ -473,7 +479,8 @@ def run_graph_cell(
     traces_before = entry.traces
     assert entry.fn is not None
     try:
-        out_arrays, print_arrays = entry.fn(arrays)
+        with raising_failed_asserts():
+            out_arrays, print_arrays = entry.fn(arrays)
     except _TRACE_ERRORS as error:
         raise translate_trace_error(error, cell) from None
     structure = entry.structures[_signature(arrays)]

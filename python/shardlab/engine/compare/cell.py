@@ -99,7 +99,7 @@ class _Cell:
         ns = self.namespace(namespace)
         ns["__builtins__"] = _silent_builtins()
         ns[FORMAT_NAME] = DeferredFormat
-        if self.staged.sites:
+        if self.staged.converted_source is not None:
             ns[RUNTIME] = Runtime(self.staged.sites, filename=self.staged.filename, strict=False)
         return ns
 

@@ -19,6 +19,7 @@ import ast
 import functools
 import inspect
 import textwrap
+import traceback
 import types
 from collections.abc import Callable
 from typing import Any
@@ -26,10 +27,12 @@ from typing import Any
 import jax
 
 from shardlab._core.source import line_label as source_line_label
+from shardlab.engine.convert.exprs import raising_failed_asserts
 from shardlab.engine.convert.loops import Runtime
 from shardlab.engine.convert.lower import function_def
 from shardlab.engine.convert.ops import ControlFlowError, ConversionNote, reverse_ad
 from shardlab.engine.convert.rewrite import RUNTIME, PassResult, convert_block
+from shardlab.engine.convert.undefined import UnboundRead, Undefined
 
 __all__ = ["ControlFlowError", "ConversionNote", "Runtime", "converted", "to_static"]
 
@@ -158,6 +161,30 @@ def _converted_pair(
     return _instantiate(target, node, runtime), runtime, ""
 
 
+def _left_as_python(error: BaseException, runtime: Runtime | None) -> ControlFlowError | None:
+    """A tracer error at a statement the pass left as Python: the error names that line and
+    why it was not converted (JAX's own message cannot know)."""
+    if runtime is None:
+        return None
+    frames = [
+        f for f in traceback.extract_tb(error.__traceback__) if f.filename == runtime.filename
+    ]
+    sites = {s.lineno: s for s in runtime.sites.values() if not s.converted}
+    for frame in reversed(frames):
+        site = sites.get(frame.lineno or 0)
+        if site is None:
+            continue
+        return ControlFlowError(
+            label=runtime.label(site.lineno) if runtime.label else None,
+            lineno=site.lineno,
+            line=(frame.line or "").strip(),
+            reason=f"this `{site.kind}` was left as Python, because {site.reason}, and its "
+            f"condition is a traced value ({type(error).__name__}).",
+            fix="rewrite it as the reason says, or make the condition a concrete Python value.",
+        )
+    return None
+
+
 def converted(fn: Callable[..., Any]) -> str:
     """The converted source of ``fn`` (what :func:`to_static` compiles), as Python text.
 
@@ -231,10 +258,24 @@ def to_static(
     def traced(*args: Any, __sl_reverse: bool = False, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         with reverse_ad(__sl_reverse):
-            return inner(*args, **kwargs)
+            try:
+                out = inner(*args, **kwargs)
+            except jax.errors.ConcretizationTypeError as error:
+                left = _left_as_python(error, runtime)
+                if left is None:
+                    raise
+                raise left from None
+        for leaf in jax.tree_util.tree_leaves(out, is_leaf=lambda v: isinstance(v, Undefined)):
+            if isinstance(leaf, Undefined):  # `return y` with `y` bound on no path here
+                raise UnboundRead(leaf.name)
+        return out
 
     traced.__name__ = getattr(fn, "__name__", "traced")  # jit(layer), not jit(traced)
     traced.__qualname__ = getattr(fn, "__qualname__", traced.__name__)
+    # JAX names the function it traces in its errors ("while tracing the function f at
+    # file:line"): the user's, not this wrapper (its own signature keeps the flag's name).
+    traced.__signature__ = inspect.signature(traced)  # type: ignore[attr-defined]
+    traced.__wrapped__ = fn  # type: ignore[attr-defined]
     static = tuple(jit_options.pop("static_argnames", ()) or ())
     if isinstance(static, str):
         static = (static,)
@@ -243,7 +284,8 @@ def to_static(
     @functools.wraps(fn)
     def staged(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        return jitted(*args, __sl_reverse=_reverse_ad((args, kwargs)), **kwargs)
+        with raising_failed_asserts():
+            return jitted(*args, __sl_reverse=_reverse_ad((args, kwargs)), **kwargs)
 
     staged.__shardlab_original__ = fn  # type: ignore[attr-defined]
     staged.__shardlab_runtime__ = runtime  # type: ignore[attr-defined]

@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -26,49 +26,21 @@ import numpy as np
 from jax import lax
 
 from shardlab._core.trees import is_array
+from shardlab.engine.convert.carry import CarryOps, _dynamic, _is_unbound, _Layout, _rebuild
 from shardlab.engine.convert.ops import (
     _REVERSE_AD,
-    CondOps,
     ControlFlowError,
     ConversionNote,
     Undefined,
-    _describe,
-    _Dynamic,
     _flatten,
-    _is_number,
     _is_traced,
-    _same,
-    _Static,
     _TracedRange,
 )
-
-_Layout = list[tuple[Any, list[Any]]]  # per name: (treedef, leaf specs)
-
-
-def _initial(value: Any) -> tuple[Any, list[Any]]:
-    leaves, treedef = _flatten(value)
-    return treedef, [
-        _Dynamic(tuple(np.shape(v)), jnp.asarray(v).dtype) if is_array(v) else _Static(v)
-        for v in leaves
-    ]
+from shardlab.engine.convert.undefined import is_internal
 
 
-def _rebuild(layout: _Layout, arrays: Sequence[Any]) -> tuple[Any, ...]:
-    values = iter(arrays)
-    return tuple(
-        jax.tree_util.tree_unflatten(
-            t, [next(values) if isinstance(s, _Dynamic) else s.value for s in specs]
-        )
-        for t, specs in layout
-    )
-
-
-def _dynamic(layout: _Layout) -> list[_Dynamic]:
-    return [s for _, specs in layout for s in specs if isinstance(s, _Dynamic)]
-
-
-class Runtime(CondOps):
-    """``__sl__``: conds (``CondOps``) and loops."""
+class Runtime(CarryOps):
+    """``__sl__``: conds (``CondOps``), the carry (``CarryOps``) and loops."""
 
     # -- while --------------------------------------------------------------------------------
     def while_stmt(
@@ -84,7 +56,7 @@ class Runtime(CondOps):
         while True:
             go = test(*state)
             if _is_traced(go):
-                return self._while(k, test, body, state, names)
+                return self._while(k, test, body, state, names, live)
             if not go:
                 self.python["while"] += 1
                 return state
@@ -97,9 +69,11 @@ class Runtime(CondOps):
         body: Callable[..., Any],
         state: tuple[Any, ...],
         names: tuple[str, ...],
+        live: tuple[str, ...],
     ) -> tuple[Any, ...]:
         __tracebackhide__ = True
         layout, step = self._carry(k, "while", names, state, lambda st, _: body(*st), None)
+        self._refuse_zero_trip(k, "while", layout, state, names, live)
         self._refuse_reverse_ad(k, layout, "while")
 
         def cond_fun(arrays: list[Any]) -> Any:
@@ -127,7 +101,9 @@ class Runtime(CondOps):
         __tracebackhide__ = True
         if isinstance(iterable, _TracedRange):
             return self._range(k, iterable, extra, body, state, names, live)
-        if _is_traced(iterable) and np.ndim(iterable) >= 1 and not unroll:
+        if _is_traced(iterable) and np.ndim(iterable) >= 1 and np.shape(iterable)[0] == 0:
+            self._refuse_zero_trip(k, "empty", [], state, names, live)
+        elif _is_traced(iterable) and np.ndim(iterable) >= 1 and not unroll:
             try:
                 return self._scan(k, iterable, extra, body, state, names, live)
             except Exception as error:  # the Python loop is correct too: unrolled rows
@@ -149,6 +125,10 @@ class Runtime(CondOps):
                 )
                 if self.warn:
                     warnings.warn(self.notes[-1], ConversionNote, stacklevel=2)
+        elif isinstance(iterable, range) and self.long_range and len(iterable) >= self.long_range:
+            staged = self._long_range(k, iterable, extra, body, state, names, live, unroll)
+            if staged is not None:
+                return staged
         self.python["for"] += 1
         for item in iterable:
             if extra is not None:
@@ -161,13 +141,50 @@ class Runtime(CondOps):
                         lambda *s: s,
                         state,
                         names,
-                        live,
+                        names,  # the next iteration reads the state, not only after the loop
                     )
                     continue
                 if not go:
                     break
             state = tuple(body(item, *state))
         return state
+
+    def _long_range(
+        self,
+        k: int,
+        span: range,
+        extra: Callable[..., Any] | None,
+        body: Callable[..., tuple[Any, ...]],
+        state: tuple[Any, ...],
+        names: tuple[str, ...],
+        live: tuple[str, ...],
+        unroll: bool,
+    ) -> tuple[Any, ...] | None:
+        """A long concrete ``range`` over array state (a training loop in a graph cell):
+        ``lax.scan`` over the indices, so the program holds the body once, not once per
+        step; None when it stays a Python loop (unrolled, with a note saying how long)."""
+        __tracebackhide__ = True
+        if unroll:
+            why = "its body prints, and a graph cell keeps its prints in program order"
+        elif not any(is_array(leaf) for value in state for leaf in _flatten(value)[0]):
+            return None  # Python values only: the Python loop stages nothing per step
+        else:
+            try:
+                indices = jnp.arange(span.start, span.stop, span.step, dtype=jnp.int32)
+                return self._scan(k, indices, extra, body, state, names, live)
+            except Exception as error:  # the Python loop is correct too: unrolled
+                if isinstance(error, ControlFlowError):
+                    reason = error.reason
+                else:
+                    reason = f"{type(error).__name__}: {error}"
+                why = f"lax.scan could not carry it: {reason.splitlines()[0][:200]}"
+        self.note(
+            k,
+            f"`for` over range({span.start}, {span.stop}, {span.step}) runs unrolled: "
+            f"{len(span)} copies of its body in the program ({why}). Compiling takes longer "
+            "the longer the loop; `jax.lax.fori_loop` or `jax.lax.scan` keeps one copy.",
+        )
+        return None
 
     def _guarded(
         self,
@@ -185,8 +202,8 @@ class Runtime(CondOps):
             if extra is None:
                 return tuple(body(item, *st))
             go = extra(*st)
-            if _is_traced(go):
-                return self._cond(k, go, lambda *s: body(item, *s), lambda *s: s, st, names, live)
+            if _is_traced(go):  # every name is read by the next iteration
+                return self._cond(k, go, lambda *s: body(item, *s), lambda *s: s, st, names, names)
             return tuple(body(item, *st)) if go else st
 
         return step
@@ -230,6 +247,7 @@ class Runtime(CondOps):
         layout, step = self._carry(
             k, "for", names, state, lambda st, item: guarded(st, start + item * stride), index
         )
+        self._refuse_zero_trip(k, "range", layout, state, names, live)
         self._refuse_reverse_ad(k, layout, "range")
 
         def cond_fun(carry: tuple[Any, list[Any]]) -> Any:
@@ -247,161 +265,37 @@ class Runtime(CondOps):
         self.staged["fori_loop"] += 1
         return _rebuild(layout, final)
 
-    # -- the carry ----------------------------------------------------------------------------
-    def _init(self, layout: _Layout, state: tuple[Any, ...]) -> list[Any]:
-        arrays = []
-        for (treedef, specs), value in zip(layout, state, strict=True):
-            leaves, given = _flatten(value)
-            same = given == treedef
-            for j, spec in enumerate(specs):
-                if not isinstance(spec, _Dynamic):
-                    continue
-                if same and (is_array(leaves[j]) or _is_number(leaves[j])):
-                    arrays.append(lax.convert_element_type(jnp.asarray(leaves[j]), spec.dtype))
-                else:  # first bound inside the loop: carried from zeros
-                    arrays.append(jnp.zeros(spec.shape, spec.dtype))
-        return arrays
-
-    def _carry(
+    def _refuse_zero_trip(
         self,
         k: int,
         kind: str,
-        names: tuple[str, ...],
+        layout: _Layout,
         state: tuple[Any, ...],
-        step: Callable[[tuple[Any, ...], Any], tuple[Any, ...]],
-        item: Any,
-    ) -> tuple[_Layout, Callable[[Any, list[Any]], list[Any]]]:
-        """The loop's carry (types settled over the body's outputs) and one step on it, as a
-        replay of the body's traced jaxpr."""
-        __tracebackhide__ = True
-        layout: _Layout = [_initial(v) for v in state]
-        for _ in range(6):
-            record: dict[str, Any] = {}
-
-            def probe(
-                item: Any, arrays: list[Any], layout: _Layout = layout, record: dict = record
-            ) -> list[Any]:
-                __tracebackhide__ = True
-                result = step(_rebuild(layout, arrays), item)
-                outs: list[Any] = []
-                kinds = []
-                for value in result:
-                    leaves, treedef = _flatten(value)
-                    leaf_kinds = []
-                    for leaf in leaves:
-                        if is_array(leaf) or _is_number(leaf):
-                            leaf_kinds.append((len(outs), leaf if _is_number(leaf) else None))
-                            outs.append(jnp.asarray(leaf))
-                        else:
-                            leaf_kinds.append((None, leaf))
-                    kinds.append((treedef, leaf_kinds))
-                record["kinds"] = kinds
-                return outs
-
-            examples = [jax.ShapeDtypeStruct(s.shape, s.dtype) for s in _dynamic(layout)]
-            closed, shapes = jax.make_jaxpr(probe, return_shape=True)(item, examples)
-            new_layout = [
-                self._join(k, kind, name, layout[i], record["kinds"][i], shapes)
-                for i, name in enumerate(names)
-            ]
-            if new_layout == layout:
-                break
-            layout = new_layout
-        else:
-            raise self.error(
-                k,
-                "the types the loop carries do not settle (each iteration changes a dtype).",
-                "give the loop's variables their final dtype before the loop (`x = jnp.float32(0)`).",
-            )
-        kinds = record["kinds"]
-        run = jax.extend.core.jaxpr_as_fun(closed)
-
-        def replay(item_value: Any, arrays: list[Any]) -> list[Any]:
-            outs = run(*jax.tree_util.tree_leaves(item_value), *arrays)
-            selected = []
-            for (_, specs), (_, leaf_kinds) in zip(layout, kinds, strict=True):
-                for spec, (index, _) in zip(specs, leaf_kinds, strict=True):
-                    if isinstance(spec, _Dynamic):
-                        selected.append(lax.convert_element_type(outs[index], spec.dtype))
-            return selected
-
-        return layout, replay
-
-    def _join(
-        self,
-        k: int,
-        kind: str,
-        name: str,
-        before: tuple[Any, list[Any]],
-        after: tuple[Any, list[Any]],
-        shapes: list[Any],
-    ) -> tuple[Any, list[Any]]:
-        """One name's carry spec, widened by what one iteration made of it."""
-        in_def, in_specs = before
-        out_def, out_kinds = after
-        outs = [shapes[i] if i is not None else v for i, v in out_kinds]
-        numbers = [v for i, v in out_kinds]
-        if (
-            len(in_specs) == 1
-            and isinstance(in_specs[0], _Static)
-            and isinstance(in_specs[0].value, Undefined)
-        ):
-            if len(outs) == 1 and isinstance(outs[0], Undefined):
-                return before
-            return out_def, [
-                _Static(n)
-                if (i is not None and n is not None)
-                else (_Dynamic(tuple(o.shape), o.dtype) if i is not None else _Static(v))
-                for (i, v), o, n in zip(out_kinds, outs, numbers, strict=True)
-            ]
-        what = "loop" if kind != "while" else "`while` loop"
-        if in_def != out_def:
-            raise self.error(
-                k,
-                f"`{name}` changes structure in the {what} body ({in_def} before, {out_def} after "
-                "one iteration); a staged loop carries a fixed pytree.",
-                f"keep `{name}`'s containers and keys the same in every iteration.",
-            )
-        specs = []
-        for spec, (index, number), out in zip(in_specs, out_kinds, outs, strict=True):
-            if isinstance(spec, _Static):
-                if index is None or number is not None:  # a Python value after the step
-                    value = number if number is not None else out
-                    if _same(spec.value, value):
-                        specs.append(spec)
-                        continue
-                    if not (_is_number(spec.value) and _is_number(value)):
-                        raise self._changes(k, name, what, spec.value, value)
-                    specs.append(_Dynamic((), jnp.result_type(spec.value, value)))
-                    continue
-                if not _is_number(spec.value):
-                    raise self._changes(k, name, what, spec.value, out)
-                specs.append(_Dynamic(tuple(out.shape), jnp.result_type(spec.value, out)))
+        names: tuple[str, ...],
+        live: tuple[str, ...],
+    ) -> None:
+        """A staged loop that may run zero times must not bind, from nothing, a name read
+        after it: Python would raise UnboundLocalError there, the staged loop would give
+        zeros."""
+        for i, name in enumerate(names):
+            if name not in live or is_internal(name) or not isinstance(state[i], Undefined):
                 continue
-            if index is None:
-                raise self._changes(
-                    k, name, what, jax.ShapeDtypeStruct(spec.shape, spec.dtype), out
-                )
-            if tuple(out.shape) != spec.shape:
-                raise self.error(
-                    k,
-                    f"`{name}` changes shape in the {what} body, from {spec.shape} to "
-                    f"{tuple(out.shape)}; a staged loop carries arrays of fixed shape.",
-                    f"keep `{name}`'s shape fixed (preallocate and `.at[i].set(...)`), or loop "
-                    "over a concrete Python range to unroll it.",
-                )
-            dtype = jnp.result_type(spec.dtype, number if number is not None else out)
-            specs.append(spec if dtype == spec.dtype else _Dynamic(spec.shape, dtype))
-        return in_def, specs
-
-    def _changes(self, k: int, name: str, what: str, before: Any, after: Any) -> ControlFlowError:
-        return self.error(
-            k,
-            f"`{name}` is {_describe(before)} before the {what} body and {_describe(after)} "
-            "after it; a staged loop carries arrays, and other values must stay the same.",
-            f"give `{name}` one kind of value in every iteration (an array from the start: "
-            f"`{name} = jnp.asarray(...)`).",
-        )
+            if layout and _is_unbound(layout[i][1]):
+                continue  # the body never binds it either: reading it says so
+            why = {
+                "while": "the loop's condition is a traced value, so it may be false at the "
+                "start and the loop run zero times",
+                "range": "the `range` has a traced bound, so the loop may run zero times",
+                "empty": "it runs zero times (the array it loops over is empty)",
+            }[kind]
+            raise self.error(
+                k,
+                f"`{name}` is bound inside this loop and read after it, but has no value "
+                f"before it: {why}, and then `{name}` would have no value after it (Python "
+                "raises UnboundLocalError).",
+                f"bind `{name}` before the loop (`{name} = ...` with the value it should "
+                "have when the loop does not run).",
+            )
 
     def _refuse_reverse_ad(self, k: int, layout: _Layout, kind: str) -> None:
         if not _REVERSE_AD.get():

@@ -46,6 +46,16 @@ def _located(node: _Node, like: ast.AST) -> _Node:
     return node
 
 
+def _guard(flags: set[str], rest: list[ast.stmt], like: ast.AST) -> ast.If:
+    """``if not flag: rest`` after a statement that may jump; marked so the run time knows
+    what its false side means (``_sl_jump``: "return", or "loop" for break/continue)."""
+    guard = ast.copy_location(
+        ast.If(test=_not_all(sorted(flags), like), body=rest, orelse=[]), like
+    )
+    guard._sl_jump = "return" if flags == {RETURN_FLAG} else "loop"  # type: ignore[attr-defined]
+    return guard
+
+
 def _not_all(flags: list[str], like: ast.AST) -> ast.expr:
     parts: list[ast.expr] = [ast.UnaryOp(op=ast.Not(), operand=_name(f)) for f in flags]
     test = parts[0] if len(parts) == 1 else ast.BoolOp(op=ast.And(), values=parts)
@@ -101,41 +111,6 @@ def stores(nodes: list[ast.stmt]) -> list[str]:
     return [n for n in found if not n.startswith(PREFIX + "fn_")]
 
 
-def loads(node: ast.AST) -> set[str]:
-    """Every name read anywhere in ``node``, nested scopes included (conservative)."""
-    names = {
-        n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-    }
-    names |= {
-        n.target.id
-        for n in ast.walk(node)
-        if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)
-    }
-    return names
-
-
-def annotate_liveness(block: list[ast.stmt], live_out: set[str]) -> None:
-    """Sets ``_sl_live`` on every compound statement: the names that may be read after it."""
-    after = set(live_out)
-    for stmt in reversed(block):
-        stmt._sl_live = set(after)  # type: ignore[attr-defined]
-        if isinstance(stmt, ast.If):
-            annotate_liveness(stmt.body, after)
-            annotate_liveness(stmt.orelse, after)
-        elif isinstance(stmt, (ast.For, ast.While)):
-            inside = after | loads(stmt) | set(getattr(stmt, "_sl_stops", []))
-            annotate_liveness(stmt.body, inside)
-            annotate_liveness(stmt.orelse, after)
-        elif isinstance(stmt, (ast.With, ast.Try)) or type(stmt).__name__ == "TryStar":
-            for name in ("body", "orelse", "finalbody"):
-                annotate_liveness(getattr(stmt, name, []), after | loads(stmt))
-            for handler in getattr(stmt, "handlers", []):
-                annotate_liveness(handler.body, after | loads(stmt))
-        if isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets):
-            after -= {t.id for t in stmt.targets if isinstance(t, ast.Name)}
-        after |= loads(stmt)
-
-
 class _Lowering:
     """Step 1: ``break``/``continue``/nested ``return`` into flags and guards."""
 
@@ -150,12 +125,7 @@ class _Lowering:
             if may:
                 rest = self.block(body[i + 1 :], flags)
                 if rest:
-                    out.append(
-                        ast.copy_location(
-                            ast.If(test=_not_all(sorted(may), stmt), body=rest, orelse=[]),
-                            body[i + 1],
-                        )
-                    )
+                    out.append(_guard(may, rest, body[i + 1]))
                 return out
         return out
 
@@ -179,10 +149,33 @@ class _Lowering:
         if isinstance(stmt, ast.With):
             stmt.body = self.block(stmt.body, flags)
             return [stmt], self._may(stmt, flags)
+        if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
+            return self.try_(stmt, flags)
         return [stmt], set()
 
+    def try_(self, stmt: Any, flags: dict[str, str]) -> tuple[list[ast.stmt], set[str]]:
+        """A jump inside ``try`` sets its flag like anywhere else: the rest of the ``try``
+        body is guarded, ``finally`` still runs (as it does when Python jumps), and ``else``
+        runs only when the body did not jump. A jump inside ``finally`` (which would cancel
+        an exception) stays Python."""
+        jumps = (ast.Return, ast.Break, ast.Continue)
+        if any(isinstance(n, jumps) for part in stmt.finalbody for n in walk_scope(part)):
+            stmt._sl_reason = "a `return`/`break`/`continue` inside `finally` is not converted"
+            return [stmt], set()
+        stmt.body = self.block(stmt.body, flags) or [ast.copy_location(ast.Pass(), stmt)]
+        body_may = self._may(ast.Module(body=stmt.body, type_ignores=[]), flags)
+        for handler in stmt.handlers:
+            handler.body = self.block(handler.body, flags) or [
+                ast.copy_location(ast.Pass(), handler)
+            ]
+        orelse = self.block(stmt.orelse, flags)
+        if orelse and body_may:
+            orelse = [_guard(body_may, orelse, orelse[0])]
+        stmt.orelse = orelse
+        return [stmt], self._may(stmt, flags)
+
     @staticmethod
-    def _may(stmt: ast.stmt, flags: dict[str, str]) -> set[str]:
+    def _may(stmt: ast.AST, flags: dict[str, str]) -> set[str]:
         """The flags ``stmt`` (already lowered) may set."""
         targets = {v for v in flags.values()}
         found = set()
@@ -196,11 +189,6 @@ class _Lowering:
     def loop(
         self, loop: ast.For | ast.While, flags: dict[str, str]
     ) -> tuple[list[ast.stmt], set[str]]:
-        if any(isinstance(n, ast.Try) for n in walk_scope(loop) if n is not loop) and (
-            _direct_jump(ast.Module(body=loop.body, type_ignores=[]), (ast.Break, ast.Continue))
-        ):
-            loop._sl_reason = "a `break`/`continue` inside `try` is not converted"  # type: ignore[attr-defined]
-            return [loop], set()
         self.counter += 1
         k = self.counter
         inner: dict[str, str] = {}

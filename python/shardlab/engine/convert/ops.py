@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import linecache
+import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,16 +29,43 @@ import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax._src import source_info_util
+from jax._src import source_info_util, traceback_util
 from jax.core import Tracer
 
 from shardlab._core.trees import is_array
 from shardlab.engine.cells.errors import GraphStagingError
+from shardlab.engine.convert.exprs import ExprOps
 from shardlab.engine.convert.rewrite import RETURN_VALUE, Site
+from shardlab.engine.convert.undefined import (
+    UNDEFINED_RETURN,
+    UnboundRead,
+    Undefined,
+    is_internal,
+    unbound_name,
+)
+
+__all__ = [
+    "UNDEFINED_RETURN",
+    "CondOps",
+    "ControlFlowError",
+    "ConversionNote",
+    "UnboundRead",
+    "Undefined",
+    "reverse_ad",
+]
 
 # Equations staged here belong to the user's line that called us (the converted statement),
-# for tracebacks, jaxpr source info and the compiled program's metadata.
-source_info_util.register_exclusion(__file__)
+# for tracebacks, jaxpr source info and the compiled program's metadata; and a traceback
+# through a jitted converted function shows the user's frames, not these operators'.
+_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+source_info_util.register_exclusion(_HERE)
+traceback_util.register_exclusion(_HERE)
+
+# Set while a loop's body is first traced with names it binds later still unbound (the set
+# collects them): a branch that reads one, or binds it on one side only, gives types only.
+_DISCOVERING: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar(
+    "shardlab_discovering", default=None
+)
 
 _REVERSE_AD: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "shardlab_reverse_ad", default=False
@@ -52,27 +80,6 @@ def reverse_ad(active: bool) -> Iterator[None]:
         yield
     finally:
         _REVERSE_AD.reset(token)
-
-
-class Undefined:
-    """The value of a name that has none yet (bound only on some paths)."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<{self.name}: unbound>"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Undefined) and other.name == self.name
-
-    def __hash__(self) -> int:
-        return hash(self.name)
-
-
-UNDEFINED_RETURN = Undefined(RETURN_VALUE)
 
 
 class ControlFlowError(GraphStagingError):
@@ -127,6 +134,20 @@ class _Dynamic:
     dtype: Any
 
 
+def _paths(jump: str) -> tuple[str, str, str]:
+    """How a message names the two sides of a cond: a user's ``if``, or the guard the pass
+    put after a ``break``/``continue`` (a ``return``'s guard never compares them)."""
+    if jump == "return":
+        return ("at this `return`", "at an earlier `return`", "at two `return`s")
+    if jump:
+        return (
+            "when the iteration goes on",
+            "after a `break`/`continue`",
+            "with and without a `break`/`continue`",
+        )
+    return ("when the condition is true", "when it is false", "on the two paths")
+
+
 def _describe(value: object) -> str:
     if is_array(value) or isinstance(value, jax.ShapeDtypeStruct):
         return f"an array {jnp.dtype(value.dtype).name}{list(value.shape)}"  # type: ignore[attr-defined]
@@ -135,9 +156,10 @@ def _describe(value: object) -> str:
     return f"{type(value).__name__} {value!r}"[:60]
 
 
-class CondOps:
-    """``__sl__`` in converted code (the loops are added in ``convert_loops.Runtime``): the
-    operators, the sites' table and what happened.
+class CondOps(ExprOps):
+    """``__sl__`` in converted code (the loops are added in ``loops.Runtime``, the
+    expression operators come from ``exprs.ExprOps``): conds, the sites' table and what
+    happened.
 
     Args:
         sites: the pass's sites, indexed by the number each call passes.
@@ -161,6 +183,9 @@ class CondOps:
         self.label = label
         self.strict = strict
         self.warn = False  # notes as warnings too (to_static; graph cells print them)
+        # A concrete `range` at least this long over array state is staged as lax.scan
+        # instead of unrolled (graph cells: code written as eager; None keeps Python's loop).
+        self.long_range: int | None = None
         self.staged: Counter[str] = Counter()  # "cond", "while_loop", "scan", ...
         self.python: Counter[str] = Counter()  # statements that ran as Python
         self.notes: list[str] = []
@@ -210,35 +235,7 @@ class CondOps:
             ],
         }
 
-    # -- and / or / not / a if c else b -------------------------------------------------------
-    @staticmethod
-    def and_(first: Any, *rest: Callable[[], Any]) -> Any:
-        value = first
-        for thunk in rest:
-            if _is_traced(value):
-                value = jnp.logical_and(value, thunk())
-            elif not value:
-                return value
-            else:
-                value = thunk()
-        return value
-
-    @staticmethod
-    def or_(first: Any, *rest: Callable[[], Any]) -> Any:
-        value = first
-        for thunk in rest:
-            if _is_traced(value):
-                value = jnp.logical_or(value, thunk())
-            elif value:
-                return value
-            else:
-                value = thunk()
-        return value
-
-    @staticmethod
-    def not_(value: Any) -> Any:
-        return jnp.logical_not(value) if _is_traced(value) else not value
-
+    # -- a if c else b ------------------------------------------------------------------------
     def ifexp(self, k: int, test: Any, body: Callable[[], Any], orelse: Callable[[], Any]) -> Any:
         __tracebackhide__ = True
         if not _is_traced(test):
@@ -279,6 +276,28 @@ class CondOps:
         test = jnp.reshape(test, ())
         return test if test.dtype == jnp.bool_ else test != 0
 
+    def traced_exception(self, k: int, error: Exception, what: str) -> Exception:
+        """An exception raised while tracing a staged branch or loop body, inside the user's
+        own ``try``: the ``try`` must not take it for one the program raised (both branches
+        are traced, whichever would run), so it becomes a ControlFlowError."""
+        site = self.sites.get(k)
+        if (
+            site is None
+            or not site.in_try
+            or isinstance(error, (GraphStagingError, UnboundRead, jax.errors.JAXTypeError))
+            or unbound_name(error) is not None
+        ):
+            return error
+        return self.error(
+            k,
+            f"tracing {what} raised {type(error).__name__}: {error}. A staged branch or loop "
+            "body is traced while the program is built, whichever path would run, so the "
+            "`try` around it cannot tell this from an exception of the path taken.",
+            "move the `raise` (or the code that raises) out of the traced `if`/loop, check "
+            "the value at run time instead (`assert`, `jnp.where`), or make the condition a "
+            "concrete Python value.",
+        )
+
     def _cond(
         self,
         k: int,
@@ -303,8 +322,10 @@ class CondOps:
                 for leaves, t in flat_in
             )
 
-        traced = []
-        for branch in (body, orelse):
+        discovering = _DISCOVERING.get()
+        traced: list[Any] = []
+        failed: list[tuple[int, Exception]] = []
+        for which, branch in enumerate((body, orelse)):
             record: dict[str, Any] = {}
 
             def probe(
@@ -330,8 +351,24 @@ class CondOps:
                 record["kinds"] = kinds
                 return outs
 
-            closed, shapes = jax.make_jaxpr(probe, return_shape=True)(operands)
+            try:
+                closed, shapes = jax.make_jaxpr(probe, return_shape=True)(operands)
+            except Exception as error:
+                name = unbound_name(error)
+                if discovering is None or name is None:
+                    side = "the true branch" if which == 0 else "the false branch"
+                    raise self.traced_exception(k, error, side) from error
+                # A loop's first probe: this side reads a name the loop binds later (on
+                # another path, in an earlier iteration). Only types are wanted here.
+                discovering.add(name)
+                failed.append((which, error))
+                traced.append(None)
+                continue
             traced.append((closed, shapes, record["kinds"]))
+        if len(failed) == 2:
+            raise failed[0][1]
+        if failed:
+            traced[failed[0][0]] = traced[1 - failed[0][0]]
 
         plans = [self._merge_var(k, i, name, traced, live) for i, name in enumerate(names)]
 
@@ -346,7 +383,7 @@ class CondOps:
                     if plan[0] != "merge":
                         continue
                     specs = plan[2]
-                    if plan[3] is not None and plan[3] != which:  # this side is unbound
+                    if plan[3] is not None and plan[3] != which:  # no value on this side
                         selected.extend(
                             jnp.zeros(s.shape, s.dtype) for s in specs if isinstance(s, _Dynamic)
                         )
@@ -373,8 +410,10 @@ class CondOps:
     def _merge_var(
         self, k: int, i: int, name: str, traced: list[Any], live: tuple[str, ...]
     ) -> tuple:
-        """How one name leaves a cond: ("merge", treedef, leaf specs, side that binds it or
-        None) or ("drop", name) when one side leaves it unbound and nothing reads it later."""
+        """How one name leaves a cond: ("merge", treedef, leaf specs, the side whose value
+        it takes or None for both) or ("drop", name) when nothing reads it after the ``if``."""
+        if name not in live:
+            return ("drop", name)
         sides = []
         for _closed, shapes, kinds in traced:
             treedef, leaf_kinds = kinds[i]
@@ -387,17 +426,27 @@ class CondOps:
                 else:
                     values.append(shapes[kind[1]])
             sides.append((treedef, values))
+        site = self.sites.get(k)
+        jump = site.jump if site is not None else ""
         unbound = [len(v) == 1 and isinstance(v[0], Undefined) for _, v in sides]
         if unbound[0] and unbound[1]:
             return ("merge", sides[0][0], [_Static(sides[0][1][0])], None)
-        if unbound[0] or unbound[1]:
-            bound_side = 1 if unbound[0] else 0
-            if name == RETURN_VALUE:  # guarded by the returned flag: the other side's value
+        # The guard after a `return` (`if not returned: rest`): when it is false the function
+        # has returned, and no statement reads the other names again.
+        only_true = jump == "return" and not is_internal(name)
+        if only_true or unbound[0] or unbound[1]:
+            bound_side = 0 if only_true else (1 if unbound[0] else 0)
+            discovering = _DISCOVERING.get()
+            if (
+                only_true
+                or name == RETURN_VALUE  # guarded by the returned flag
+                or (jump == "loop" and bound_side == 0)  # bound unless it broke/continued
+                or discovering is not None  # a loop's first probe: types only
+            ):
+                if discovering is not None and not only_true:
+                    discovering.add(name)
                 treedef, values = sides[bound_side]
-                specs = [self._spec(v) for v in values]
-                return ("merge", treedef, specs, bound_side)
-            if name not in live:
-                return ("drop", name)
+                return ("merge", treedef, [self._spec(v) for v in values], bound_side)
             which = "true" if bound_side == 0 else "false"
             other = "false" if bound_side == 0 else "true"
             raise self.error(
@@ -409,13 +458,15 @@ class CondOps:
                 f"`if`; `{name} = jnp.where(cond, new, old)` selects without branching), or make "
                 "the condition a concrete Python value.",
             )
+        shown = "the return value" if name == RETURN_VALUE else f"`{name}`"
+        paths = _paths(jump)
         (t_def, t_values), (f_def, f_values) = sides
         if t_def != f_def:
             raise self.error(
                 k,
-                f"`{name}` has a different structure on the two paths ({t_def} when true, "
-                f"{f_def} when false); a staged `if` needs the same pytree on both.",
-                f"give `{name}` the same containers and keys on both paths.",
+                f"{shown} has a different structure {paths[2]} ({t_def} {paths[0]}, "
+                f"{f_def} {paths[1]}); a staged `if` needs the same pytree on both.",
+                f"give {shown} the same containers and keys on every path.",
             )
         specs = []
         for a, b in zip(t_values, f_values, strict=True):
@@ -433,8 +484,8 @@ class CondOps:
                 if tuple(shape_a) != tuple(shape_b):
                     raise self.error(
                         k,
-                        f"`{name}` has shape {tuple(shape_a)} when the condition is true and "
-                        f"{tuple(shape_b)} when it is false; a staged `if` needs one shape.",
+                        f"{shown} has shape {tuple(shape_a)} {paths[0]} and "
+                        f"{tuple(shape_b)} {paths[1]}; a staged `if` needs one shape.",
                         "make both paths produce the same shape (pad, or select with "
                         "`jnp.where`), or make the condition a concrete Python value.",
                     )
@@ -442,10 +493,9 @@ class CondOps:
             else:
                 raise self.error(
                     k,
-                    f"`{name}` is {_describe(a)} when the condition is true and {_describe(b)} "
-                    "when it is false; a staged `if` can only choose between arrays (or equal "
-                    "Python values).",
-                    f"give `{name}` the same kind of value on both paths.",
+                    f"{shown} is {_describe(a)} {paths[0]} and {_describe(b)} {paths[1]}; "
+                    "a staged `if` can only choose between arrays (or equal Python values).",
+                    f"give {shown} the same kind of value on every path.",
                 )
         return ("merge", t_def, specs, None)
 

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import ast
 import copy
+import sys
 from dataclasses import dataclass, field
 
+from shardlab.engine.convert.liveness import annotate_liveness, captured
 from shardlab.engine.convert.lower import (
     _SCOPES,
     PREFIX,
@@ -34,7 +36,6 @@ from shardlab.engine.convert.lower import (
     _located,
     _name,
     _not_all,
-    annotate_liveness,
     function_def,
     lower_cell,
     lower_function,
@@ -63,10 +64,14 @@ class Site:
     """One control-flow statement the pass looked at."""
 
     index: int
-    kind: str  # "if", "while", "for", "ifexp"
+    kind: str  # "if", "while", "for", "ifexp", "assert"
     lineno: int  # as compiled (the user's line)
     converted: bool
     reason: str = ""  # why it was left as Python
+    # The guard the pass put after a jump ("return", or "loop" for break/continue): its
+    # false side is the path that jumped.
+    jump: str = ""
+    in_try: bool = False  # inside the body of a ``try`` that handles exceptions
 
 
 @dataclass
@@ -93,6 +98,20 @@ def _strings(names: list[str], like: ast.AST) -> ast.expr:
     return _located(ast.Tuple(elts=[ast.Constant(n) for n in names], ctx=ast.Load()), like)  # type: ignore[return-value]
 
 
+_COMPARE_TEXT: dict[type, str] = {
+    ast.Eq: "==",
+    ast.NotEq: "!=",
+    ast.Lt: "<",
+    ast.LtE: "<=",
+    ast.Gt: ">",
+    ast.GtE: ">=",
+    ast.Is: "is",
+    ast.IsNot: "is not",
+    ast.In: "in",
+    ast.NotIn: "not in",
+}
+
+
 class _Logic(ast.NodeTransformer):
     """``and``/``or``/``not`` and ``a if c else b`` into runtime calls (Python semantics on
     concrete values, logical ops or a cond on traced ones). Nested scopes are left alone."""
@@ -116,6 +135,17 @@ class _Logic(ast.NodeTransformer):
         first, *rest = node.values
         return _call(attr, [first, *(_lambda(v) for v in rest)], node)
 
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        """``a < b < c`` into ``__sl__.compare(a, "<", lambda: b, "<", lambda: c)``: Python's
+        chain on concrete values, a logical and of the comparisons on traced ones."""
+        self.generic_visit(node)
+        if len(node.ops) < 2 or any(isinstance(n, ast.NamedExpr) for n in ast.walk(node)):
+            return node
+        parts: list[ast.expr] = []
+        for op, right in zip(node.ops, node.comparators, strict=True):
+            parts += [_located(ast.Constant(_COMPARE_TEXT[type(op)]), node), _lambda(right)]
+        return _call("compare", [node.left, *parts], node)
+
     def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:
         self.generic_visit(node)
         if isinstance(node.op, ast.Not):
@@ -137,9 +167,19 @@ class _Functional:
     runtime call."""
 
     def __init__(
-        self, *, declared: dict[str, str], first_site: int = 0, print_order: bool = False
+        self,
+        *,
+        declared: dict[str, str],
+        first_site: int = 0,
+        print_order: bool = False,
+        shared: set[str] | None = None,
     ) -> None:
         self.declared = declared  # name -> "global" / "nonlocal" (the function's declarations)
+        # Names nested functions read (a closure defined before a loop, called inside it):
+        # the generated functions write them through to the function's own variable
+        # (``nonlocal``), so such a closure sees this iteration's value, as in Python.
+        self.shared = shared or set()
+        self.in_try = 0  # depth of ``try`` bodies (with handlers) around the statement
         # A graph cell prints in program order after the run; a print inside lax.scan can
         # only be a runtime callback, which prints before those: loops that print unroll.
         self.print_order = print_order
@@ -149,7 +189,9 @@ class _Functional:
 
     def site(self, kind: str, node: ast.AST, converted: bool, reason: str = "") -> int:
         index = self.first_site + len(self.sites)
-        self.sites.append(Site(index, kind, getattr(node, "lineno", 0), converted, reason))
+        jump = getattr(node, "_sl_jump", "")
+        line = getattr(node, "lineno", 0)
+        self.sites.append(Site(index, kind, line, converted, reason, jump, self.in_try > 0))
         return index
 
     def expr(self, node: ast.expr) -> ast.expr:
@@ -168,10 +210,16 @@ class _Functional:
             return self.if_(stmt)
         if isinstance(stmt, (ast.While, ast.For)):
             return self.loop(stmt)
+        if isinstance(stmt, ast.Assert) and not sys.flags.optimize:
+            return [self.assert_stmt(stmt)]
+        handles = bool(getattr(stmt, "handlers", None))
         for field_name in ("body", "orelse", "finalbody"):
             inner = getattr(stmt, field_name, None)
             if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                guarded = handles and field_name == "body"
+                self.in_try += guarded
                 setattr(stmt, field_name, self.block(inner))
+                self.in_try -= guarded
         for handler in getattr(stmt, "handlers", []):
             handler.body = self.block(handler.body)
         for field_name, value in ast.iter_fields(stmt):
@@ -181,6 +229,15 @@ class _Functional:
                 setattr(stmt, field_name, [self.expr(v) for v in value])
         return [stmt]
 
+    def assert_stmt(self, stmt: ast.Assert) -> ast.stmt:
+        """``assert test, msg`` into ``__sl__.assert_stmt(k, test, lambda: msg)``: checked at run
+        time when ``test`` is traced (Python's assert otherwise)."""
+        k = self.site("assert", stmt, True)
+        args = [ast.Constant(k), self.expr(stmt.test)]
+        if stmt.msg is not None:
+            args.append(_lambda(self.expr(stmt.msg)))
+        return _located(ast.Expr(value=_call("assert_stmt", args, stmt)), stmt)
+
     # -- what stays Python ------------------------------------------------------------------
     def _reason(self, stmt: ast.stmt, blocks: list[list[ast.stmt]], state: list[str]) -> str:
         given = getattr(stmt, "_sl_reason", "")
@@ -189,6 +246,8 @@ class _Functional:
         for block in blocks:
             for top in block:
                 for node in walk_scope(top):
+                    if getattr(node, "_sl_reason", ""):  # a `try` the lowering left alone
+                        return node._sl_reason  # type: ignore[attr-defined]
                     if isinstance(node, (ast.Yield, ast.YieldFrom, ast.Await)):
                         return "it contains `yield` or `await`"
                     if isinstance(node, ast.Delete):
@@ -222,6 +281,11 @@ class _Functional:
             if names:
                 node = ast.Global(names=names) if kind == "global" else ast.Nonlocal(names=names)
                 head.append(ast.copy_location(node, like))
+        shared = [p for p in params if p in self.shared]
+        if shared:  # `nonlocal i; i = __sl_arg_i`: closures read the enclosing variable
+            head.append(ast.copy_location(ast.Nonlocal(names=shared), like))
+            head += [_assign_name(p, _name(f"{PREFIX}arg_{p}"), like) for p in shared]
+            params = [f"{PREFIX}arg_{p}" if p in self.shared else p for p in params]
         tail = [ast.copy_location(ast.Return(value=returns), like)] if returns is not None else []
         args = ast.arguments(
             posonlyargs=[],
@@ -251,7 +315,8 @@ class _Functional:
         live = getattr(stmt, "_sl_live", set())
         stmt.test = self.expr(stmt.test)
         body, orelse = self.block(stmt.body), self.block(stmt.orelse)
-        names = [n for n in stores(body + orelse) if n not in self.declared]
+        bound = dict.fromkeys([*stores(body + orelse), *item_stores(body + orelse)])
+        names = [n for n in bound if n not in self.declared]
         reason = self._reason(stmt, [body, orelse], names)
         if reason:
             self.site("if", stmt, False, reason)
@@ -293,8 +358,16 @@ class _Functional:
         rebound = set(stores(body))
         # a loop target nothing reads after the loop is the body's own (bound from the item)
         targets = [t for t in targets if t in live or t in rebound]
-        names = [n for n in dict.fromkeys([*targets, *stores(body)]) if n not in self.declared]
-        reason = self._reason(stmt, [body, stmt.orelse], names)
+        # The loop carries what it binds and reads again: in a later iteration or after it
+        # (a name the body binds before each read is the body's own, as for AutoGraph).
+        head = getattr(stmt, "_sl_live_head", None)
+        changed = [*targets, *stores(body), *item_stores(body)]
+        names = [
+            n
+            for n in dict.fromkeys(changed)
+            if n not in self.declared and (head is None or n in head or n in live)
+        ]
+        reason = self._reason(stmt, [body, stmt.orelse], [*changed])
         if not reason and stmt.orelse:
             reason = "its `else:` clause could not be lowered"
         if reason:
@@ -379,6 +452,36 @@ class _Functional:
         return out
 
 
+def _assign_name(name: str, value: ast.expr, like: ast.AST) -> ast.stmt:
+    target = _name(name, ast.Store())
+    return _located(ast.Assign(targets=[target], value=value), like)
+
+
+def item_stores(body: list[ast.stmt]) -> list[str]:
+    """Names whose items or attributes-of-items the statements assign (``d["b"] = 1``,
+    ``y[0] += 1``, ``x["a"]["b"] = v``): AutoGraph counts the container as changed, so a
+    staged branch or loop passes it through (its staged copy is a fresh pytree)."""
+    found: list[str] = []
+    for stmt in body:
+        for node in walk_scope(stmt):
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            else:
+                continue
+            for target in targets:
+                for part in ast.walk(target):
+                    if not (isinstance(part, ast.Subscript) and isinstance(part.ctx, ast.Store)):
+                        continue
+                    base = part.value
+                    while isinstance(base, ast.Subscript):
+                        base = base.value
+                    if isinstance(base, ast.Name) and base.id not in found:
+                        found.append(base.id)
+    return found
+
+
 def _located_shallow(node: ast.AST, like: ast.AST) -> ast.FunctionDef:
     ast.copy_location(node, like)
     for child in ast.walk(node):
@@ -440,9 +543,17 @@ def convert_block(
     """Both steps on a function body (``function=True``) or a cell body (whose loops that
     print stay unrolled over traced arrays, keeping the cell's print order)."""
     body = copy.deepcopy(body)
+    read_later, introspects = captured(body)
     lowered = lower_function(body) if function else lower_cell(body)
-    annotate_liveness(lowered, live_out)
-    functional = _Functional(declared=declared or {}, print_order=not function)
+    always = set(read_later)
+    if introspects:  # locals(), eval(...): any name may be read
+        always |= {n for stmt in lowered for n in stores([stmt])}
+    annotate_liveness(lowered, live_out, always)
+    functional = _Functional(
+        declared=declared or {},
+        print_order=not function,
+        shared=read_later if function else set(),
+    )
     converted = functional.block(lowered)
     module = ast.Module(body=converted, type_ignores=[])
     ast.fix_missing_locations(module)
