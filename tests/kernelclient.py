@@ -12,6 +12,10 @@ from jupyter_client.manager import KernelManager
 TIMEOUT = 120
 
 
+class KernelDied(RuntimeError):
+    """The kernel process exited while a request waited for its reply."""
+
+
 @dataclass
 class Execution:
     reply: dict[str, Any]
@@ -99,7 +103,12 @@ class Kernel:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"no execute_reply for {label!r}")
-            candidate = client.get_shell_msg(timeout=remaining)
+            try:
+                candidate = client.get_shell_msg(timeout=min(remaining, 1.0))
+            except queue.Empty:  # a dead kernel never replies: say so now, not at the timeout
+                if not self.is_alive():
+                    raise KernelDied(f"the kernel died running {label!r}") from None
+                continue
             if candidate["parent_header"].get("msg_id") == msg_id:
                 reply = candidate
         execution = Execution(reply=reply)

@@ -287,13 +287,20 @@ def test_timeouts_kill_and_restart(kernel):
     )
 
 
-def test_a_killed_kernel_leaves_no_process():
-    k = Kernel()
+def cluster_folders(root) -> list[str]:
+    """The cluster folders (ipyparallel's profile: connection files with their keys, logs)
+    under ``root``, the kernel's TMPDIR."""
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("shardlab-cluster-"))
+
+
+def test_a_killed_kernel_leaves_no_process_and_no_folder(tmp_path):
+    k = Kernel(extra_env={"TMPDIR": str(tmp_path)})
     try:
         pid = int(k.ok("import os; os.getpid()").text)
         k.ok("%cluster start -n 2", timeout=180)
         spawned = children(pid)
         assert len(spawned) >= 3  # controller, 2 engines (and their helpers)
+        assert len(cluster_folders(tmp_path)) == 1
         os.kill(pid, signal.SIGKILL)  # no clean-up runs in the kernel
         deadline = time.monotonic() + 15
         while any(_alive(p) for p in spawned) and time.monotonic() < deadline:
@@ -302,5 +309,22 @@ def test_a_killed_kernel_leaves_no_process():
         for orphan in left:  # do not leave them to the next test
             os.kill(orphan, signal.SIGKILL)
         assert left == [], "every engine and the controller exit with their kernel"
+        # the orphaned processes remove the folder they were started with
+        while cluster_folders(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert cluster_folders(tmp_path) == [], "the cluster's keys stay behind"
     finally:
         k.shutdown()  # reaps the killed kernel's process
+
+
+def test_shutting_the_kernel_down_removes_the_cluster_folder(tmp_path):
+    k = Kernel(extra_env={"TMPDIR": str(tmp_path)})
+    try:
+        k.ok("%cluster start -n 1", timeout=180)
+        assert len(cluster_folders(tmp_path)) == 1
+        k.client.stop_channels()
+        k.manager.shutdown_kernel(now=False)  # a shutdown_request, as JupyterLab sends
+        assert cluster_folders(tmp_path) == [], "the cluster's keys stay behind"
+    finally:
+        if k.manager.has_kernel:
+            k.manager.shutdown_kernel(now=True)

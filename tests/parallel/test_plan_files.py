@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding, PartitionSpec
 
 import shardlab
+from shardlab._core.source import portable_source, source_label
 from shardlab.parallel.display import function_name
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.mesh import mesh as make_mesh
@@ -65,6 +66,16 @@ def plans(mesh24) -> dict[str, Plan]:
 @pytest.fixture(scope="module")
 def base(plans) -> dict[str, Any]:
     return json.loads(plans["ilp"].to_json())
+
+
+def _portable(plan: Plan) -> Plan:
+    """``plan`` as its file keeps it: source lines relative (``portable_source``)."""
+    rows = tuple(dataclasses.replace(r, where=portable_source(r.where)) for r in plan.rows)
+    collectives = tuple(
+        dataclasses.replace(c, source=portable_source(c.source)) for c in plan.cost.collectives
+    )
+    cost = dataclasses.replace(plan.cost, collectives=collectives)
+    return dataclasses.replace(plan, rows=rows, cost=cost)
 
 
 def _with(data: dict[str, Any], path: tuple[Any, ...], value: Any) -> str:
@@ -187,8 +198,8 @@ def test_real_plans_round_trip(plans):
     for name, plan in plans.items():
         text = plan.to_json()
         loaded = Plan.from_json(text)
-        assert loaded == plan, name
-        assert Plan.from_json(text.encode()) == plan  # bytes are read as UTF-8 JSON
+        assert loaded == _portable(plan), name
+        assert Plan.from_json(text.encode()) == loaded  # bytes are read as UTF-8 JSON
         _check_code(loaded)
         _check_code(plan)  # bound: the argument pytree's structure
 
@@ -322,6 +333,42 @@ def test_fields_are_checked(base, path, value, where):
     assert where in _load_error(_with(base, path, value))
 
 
+def test_plan_files_carry_no_absolute_paths(plans):
+    """A plan file names source lines as its table shows them (``tests/…/x.py:44`` from an
+    import root, a notebook cell's ``ipykernel_N/…``, else the file's name), never by the
+    writing machine's absolute path; its table reads the same once loaded (issue 37)."""
+    absolute = re.compile(r'"(/|[A-Za-z]:\\\\)[^"]*:\d+"')
+    for name, plan in plans.items():
+        text = plan.to_json()
+        assert not absolute.search(text), (name, absolute.search(text))
+        assert os.getcwd() not in text, name
+        loaded = Plan.from_json(text)
+        assert loaded.table() == plan.table(), name
+        assert Plan.from_json(loaded.to_json()) == loaded
+    wheres = [r.where for r in Plan.from_json(plans["ilp"].to_json()).rows if r.op != "input"]
+    assert wheres and all(w.rpartition(":")[0].endswith("test_plan_files.py") for w in wheres)
+    # a file written before, with absolute paths, loads with them made relative
+    data = json.loads(plans["ilp"].to_json())
+    data["rows"][-1]["where"] = "/home/alice/models/net.py:12"
+    assert Plan.from_json(json.dumps(data)).rows[-1].where == "net.py:12"
+    data = json.loads(plans["zero+megatron"].to_json())
+    data["cost"]["collectives"][0]["source"] = "/tmp/ipykernel_4242/1234.py:3"
+    loaded = Plan.from_json(json.dumps(data))
+    assert loaded.cost.collectives[0].source == "ipykernel_4242/1234.py:3"
+
+
+def test_portable_source():
+    assert portable_source("/home/alice/models/net.py:12") == "net.py:12"
+    inside = os.path.join(os.getcwd(), "pkg", "model.py")
+    assert portable_source(f"{inside}:3") == os.path.join("pkg", "model.py") + ":3"
+    assert portable_source("/tmp/ipykernel_4242/1234.py:3") == "ipykernel_4242/1234.py:3"
+    assert source_label("ipykernel_4242/1234.py:3") == "a notebook cell, line 3"
+    for kept in ("params/w1", "net.py:12", "", "<stdin>:1", "/no/line/number"):
+        assert portable_source(kept) == kept  # argument paths, relative lines: unchanged
+    own = portable_source(os.path.abspath(plan_io.__file__) + ":10")
+    assert own.startswith("shardlab") and source_label(own) == "?"  # still shardlab's own
+
+
 def test_pipeline_and_remat_round_trip(plans):
     plan = dataclasses.replace(
         plans["ilp"],
@@ -337,7 +384,7 @@ def test_pipeline_and_remat_round_trip(plans):
     )
     loaded = Plan.from_json(plan.to_json())
     assert loaded.pipeline == plan.pipeline and loaded.remat == plan.remat
-    assert loaded == dataclasses.replace(plan, binding=None)
+    assert loaded == dataclasses.replace(_portable(plan), binding=None)
 
 
 @pytest.mark.parametrize(

@@ -24,8 +24,10 @@ __all__ = [
     "equation_source",
     "is_own_file",
     "line_label",
+    "portable_source",
     "source_label",
     "user_frame_of_exception",
+    "user_frame_of_stack",
     "user_frame_of_traceback",
 ]
 
@@ -37,8 +39,10 @@ _OTHER_SESSION = re.compile(r"ipykernel_\d+")
 
 
 def is_own_file(path: str) -> bool:
-    """A file of shardlab's own machinery (not its ``examples/``, which are user models)."""
-    return any(own in path for own in _OWN)
+    """A file of shardlab's own machinery (not its ``examples/``, which are user models); a
+    path relative to its import root (``shardlab/parallel/plan/pipeline.py``, as a plan file
+    keeps it) included."""
+    return any(own in os.sep + path for own in _OWN)
 
 
 def _is_user_file(path: str) -> bool:
@@ -67,13 +71,36 @@ def line_label(path: str, line: int | str) -> str:
         return f"a notebook cell, line {line}"
     if path.startswith("<"):
         return f"{path}:{line}"
+    best = _import_root(path)
+    return f"{path[len(best) :] if best else path}:{line}"
+
+
+def _import_root(path: str) -> str:
+    """The longest of the working directory and ``sys.path`` that ``path`` lies under ('' for
+    none), with its trailing separator."""
     roots = [r for r in (os.getcwd(), *sys.path) if r and os.path.isabs(r)]
     best = ""
     for root in roots:
         root = root.rstrip(os.sep) + os.sep
         if path.startswith(root) and len(root) > len(best):
             best = root
-    return f"{path[len(best) :] if best else path}:{line}"
+    return best
+
+
+def portable_source(source: str) -> str:
+    """A recorded ``file:line`` without this machine's absolute path, for records that
+    travel (plan files): ``pkg/module.py:44`` from its import root or the working directory,
+    as :func:`line_label` shows it; ``ipykernel_123/456.py:3`` for a notebook cell (read back
+    as "a notebook cell, line 3"); else the file's name. Anything else is returned as it is,
+    so the function is idempotent."""
+    path, sep, line = source.rpartition(":")
+    if not sep or not line.isdigit() or not os.path.isabs(path):
+        return source
+    session = _OTHER_SESSION.search(path)
+    if session is not None:
+        return f"{path[session.start() :]}:{line}"
+    root = _import_root(path)
+    return f"{path[len(root) :] if root else os.path.basename(path)}:{line}"
 
 
 def source_label(source: str, *, missing: str = "?") -> str:
@@ -110,6 +137,19 @@ def equation_source(eqn: Any) -> tuple[str, str]:
         return "", ""
     path, line = found
     return line_label(path, line), linecache.getline(path, line).strip()
+
+
+def user_frame_of_stack() -> tuple[str, str] | None:
+    """The innermost user frame of the running Python stack: its label and line text (the
+    line that called into JAX, for a check that runs inside the call)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if _is_user_file(path):
+            line = frame.f_lineno
+            return line_label(path, line), linecache.getline(path, line).strip()
+        frame = frame.f_back
+    return None
 
 
 def user_frame_of_exception(error: BaseException) -> tuple[str, str] | None:

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 __all__ = ["byte_unit", "human_bytes", "human_time", "time_unit"]
 
-_BYTE_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+_BYTE_UNITS = (
+    ("EiB", 2**60),
+    ("PiB", 2**50),
+    ("TiB", 2**40),
+    ("GiB", 2**30),
+    ("MiB", 2**20),
+    ("KiB", 2**10),
+)
 
 
 def byte_unit(num: float) -> tuple[str, float]:

@@ -10,18 +10,26 @@ Any engine's death is the cluster's death (JAX's runtime cannot lose a process):
 thread notices it within :data:`POLL_S`, kills the other engines and the controller, and the
 next call (or the cell waiting on the engines) raises :class:`ProcessDied` with the message
 the user acts on. ipyparallel is imported when a cluster starts (it imports IPython).
+
+The cluster's folder (``shardlab-cluster-*`` in the temporary folder: ipyparallel's profile,
+with the connection files that hold its keys, and the engines' logs) goes with it: ``stop``
+and the kernel's exit remove it; a killed kernel's engines and controller remove it as they
+exit (``watched.py``), and :func:`sweep_leftovers` — run when a kernel or a cluster starts —
+removes any whose kernel is gone.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import logging
 import os
 import re
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -36,6 +44,11 @@ RESTART_HINT = "`%cluster restart`"
 # ipyparallel's own engine log lines and gloo's connection notices: not what killed a process.
 _LOG_NOISE = re.compile(r"\[(IPEngine|KernelNanny)(\.\d+)?\]|^\[Gloo\]")
 _GLOO_NOTICE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
+FOLDER_PREFIX = "shardlab-cluster-"
+OWNER_FILE = "owner.json"  # {"pid", "started"} of the kernel that made the folder
+# A folder with no owner record (made by an older shardlab, or being made right now) is a
+# leftover once it is this old.
+UNOWNED_AGE_S = 24 * 3600
 
 
 class ClusterError(RuntimeError):
@@ -226,7 +239,9 @@ class LocalCluster:
 
         if len(self.devices) != self.n:
             raise ClusterError(f"{len(self.devices)} device sets for {self.n} processes")
-        self._profile_dir = tempfile.mkdtemp(prefix="shardlab-cluster-")
+        sweep_leftovers()
+        self._profile_dir = make_folder()
+        atexit.register(self._at_exit)
         os.makedirs(os.path.join(self._profile_dir, "log"), exist_ok=True)
         self._cluster = ipp.Cluster(
             n=self.n,
@@ -243,6 +258,7 @@ class LocalCluster:
         )
         try:
             watched = [sys.executable, "-m", "shardlab.cluster.watched"]
+            watched += ["--owned-folder", self._profile_dir]
             self._cluster.start_controller_sync(controller_cmd=[*watched, "ipyparallel.controller"])
             self._cluster.start_engines_sync(n=self.n, engine_cmd=[*watched, "ipyparallel.engine"])
             self._client = self._cluster.connect_client_sync()
@@ -272,7 +288,6 @@ class LocalCluster:
             for rank, eid in enumerate(engine_ids)
         ]
         self._helpers = _children([e.launcher.pid for e in self._engines if e.launcher])
-        atexit.register(self._kill_all)
         self._view = client[engine_ids]
         self._view.block = False
         self.coordinator = f"127.0.0.1:{free_loopback_port()}"
@@ -340,8 +355,17 @@ class LocalCluster:
             if self._client is not None:
                 self._client.close()
         self._client = None
+        self._remove_folder()
+        atexit.unregister(self._at_exit)
+
+    def _remove_folder(self) -> None:
         if self._profile_dir:
             shutil.rmtree(self._profile_dir, ignore_errors=True)
+
+    def _at_exit(self) -> None:
+        """The kernel exits (a shutdown, the end of a script): nothing of the cluster stays."""
+        self._kill_all()
+        self._remove_folder()
 
     def pids(self) -> list[int]:
         """The engines' and the controller's process ids."""
@@ -574,6 +598,66 @@ class LocalCluster:
         )
 
 
+def make_folder() -> str:
+    """A new cluster folder (private to this user, as ``mkdtemp`` makes it) recording which
+    process owns it."""
+    import psutil
+
+    path = tempfile.mkdtemp(prefix=FOLDER_PREFIX)
+    me = psutil.Process()
+    with open(os.path.join(path, OWNER_FILE), "w") as record:
+        json.dump({"pid": me.pid, "started": me.create_time()}, record)
+    return path
+
+
+def folder_owner_alive(path: str) -> bool | None:
+    """Whether the process that made the cluster folder ``path`` still runs (the same
+    process: its pid and start time); None when the folder has no owner record."""
+    import psutil
+
+    try:
+        with open(os.path.join(path, OWNER_FILE)) as record:
+            owner = json.load(record)
+        pid, started = int(owner["pid"]), float(owner["started"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        process = psutil.Process(pid)
+        return (
+            abs(process.create_time() - started) < 1.0 and process.status() != psutil.STATUS_ZOMBIE
+        )
+    except psutil.Error:
+        return False
+
+
+def sweep_leftovers(root: str | None = None) -> list[str]:
+    """Removes this user's cluster folders under ``root`` (the temporary folder) whose kernel
+    is gone — killed, so that no clean-up ran — and returns their paths. Folders of running
+    kernels, other users' folders and links are left alone."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    try:
+        names = [n for n in os.listdir(root) if n.startswith(FOLDER_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(root, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        getuid = getattr(os, "getuid", None)
+        if not stat.S_ISDIR(info.st_mode) or (getuid is not None and info.st_uid != getuid()):
+            continue
+        alive = folder_owner_alive(path)
+        if alive is None:
+            alive = time.time() - info.st_mtime < UNOWNED_AGE_S
+        if not alive:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 def listeners(pids: Sequence[int]) -> list[str]:
     """``ip:port`` of every listening TCP socket of the processes ``pids``."""
     import psutil
@@ -665,4 +749,5 @@ __all__ = [
     "device_sets",
     "free_loopback_port",
     "listeners",
+    "sweep_leftovers",
 ]

@@ -5,16 +5,20 @@ shell by :func:`~shardlab.kernel.register.register` (which ``%load_ext shardlab`
 stock kernel too); the kernel adds what only a kernel can do: it sees each execute request's
 cell metadata (JupyterLab sends it; ``{"shardlab": {"mode": ...}}`` chooses the cell's mode)
 and puts the effective mode (and a graph cell's converted control flow) into each
-execute_reply's metadata.
+execute_reply's metadata. It also notes the request it runs (``last_cell.py``), so that a
+kernel that dies below Python is named, cell and all, by the kernel that replaces it.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
 
 from shardlab._version import __version__
+from shardlab.cluster.manager import sweep_leftovers
+from shardlab.kernel.last_cell import LastCell, note_path
 from shardlab.kernel.register import register
 
 
@@ -29,6 +33,14 @@ class ShardlabKernel(IPythonKernel):
         assert self.shell is not None
         self.session_state = register(self.shell)
         self._finished_mode: Any = None
+        sweep_leftovers()  # folders (with keys) of clusters whose kernel was killed
+        self.last_cell = LastCell(note_path(getattr(self.parent, "abs_connection_file", None)))
+        predecessor = self.last_cell.take_predecessor()
+        # said in the kernel's log now, and above the first cell's output (the front end
+        # may not be listening yet)
+        self._predecessor_notice = predecessor.notice() if predecessor is not None else None
+        if self._predecessor_notice:
+            self.log.warning(self._predecessor_notice)
 
     @property
     def banner(self) -> str:  # type: ignore[override]
@@ -47,6 +59,13 @@ class ShardlabKernel(IPythonKernel):
         cell_meta: dict[str, Any] | None = None,
         cell_id: str | None = None,
     ) -> dict[str, Any]:
+        if self._predecessor_notice and not silent:
+            print(self._predecessor_notice, file=sys.stderr, flush=True)
+            self._predecessor_notice = None
+        assert self.shell is not None
+        self.last_cell.begin(
+            code, execution_count=self.shell.execution_count, cell_id=cell_id, silent=silent
+        )
         self.session_state.begin_cell(code, cell_meta, silent=silent)
         try:
             return await super().do_execute(
@@ -60,6 +79,11 @@ class ShardlabKernel(IPythonKernel):
             )
         finally:
             self._finished_mode = self.session_state.end_cell()
+            self.last_cell.end()
+
+    def do_shutdown(self, restart: bool) -> Any:  # type: ignore[override]
+        self.last_cell.end()  # shut down on purpose, even mid-cell: not a death
+        return super().do_shutdown(restart)
 
     def finish_metadata(
         self, parent: dict[str, Any], metadata: dict[str, Any], reply_content: dict[str, Any]

@@ -86,7 +86,7 @@ class ShardlabMagics(Magics):
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
-        filename = shell.compile.cache(code, shell.execution_count)
+        filename = shell.compile.cache(code, running_count(shell))
         with mode_context(parse_mode(mode)):
             exec(compile(tree, filename, "exec"), shell.user_ns)
             if last is not None:
@@ -289,7 +289,7 @@ class ShardlabMagics(Magics):
         assert shell is not None
         code = shell.transform_cell(cell)  # inside a running cell: not routed again
         cell_text = ("%%graph\n" if offset else "") + cell
-        filename = shell.compile.cache(cell_text, shell.execution_count)
+        filename = shell.compile.cache(cell_text, running_count(shell))
         if len(self._graph_sources) > 256:
             self._graph_sources.clear()
         self._graph_sources[key] = (code, filename)
@@ -428,3 +428,14 @@ def devices_text(namespace: dict[str, Any]) -> str:
         used = per_device.get(str(device), 0)
         lines.append(f"  {device.id:>3}  {device.device_kind:<12} live {used:>12,} bytes")
     return "\n".join(lines)
+
+
+def running_count(shell: Any) -> int:
+    """The execution count of the running cell, as its prompt shows it (``In [3]``).
+
+    IPython 9 counts the cell before running it, so ``shell.execution_count`` is already the
+    next cell's number inside a magic; the running cell's result record holds its own.
+    """
+    result = getattr(shell.displayhook, "exec_result", None)
+    count = getattr(result, "execution_count", None)
+    return count if isinstance(count, int) else shell.execution_count

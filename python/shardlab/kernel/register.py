@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardlab._core.views import register_view
-from shardlab.engine.resources import memory_history
+from shardlab.engine.resources import memory_history, shape_guard
 from shardlab.kernel.calibrate_magic import CalibrateMagics
 from shardlab.kernel.cluster_magic import ClusterMagics
 from shardlab.kernel.compare_magic import CompareMagics
@@ -32,6 +32,7 @@ def register(shell: Any) -> ShardlabSession:
     session.status = status
     attach(shell, session)
     shell.configurables.append(session)
+    session.apply_guard()  # before any cell: no cell may hand XLA an array it aborts on
     shell.input_transformers_cleanup.append(session.transform)
     # Memory over time, hooked before the session so that a cell's last sample and markers
     # are taken before the session sends the status; dormant until a comm or
@@ -64,4 +65,5 @@ def unregister(shell: Any) -> None:
     shell.events.unregister("pre_run_cell", session.pre_run_cell)
     shell.events.unregister("post_execute", session.post_execute)
     shell.events.unregister("post_run_cell", session.post_run_cell)
+    shape_guard.uninstall()
     detach(shell)

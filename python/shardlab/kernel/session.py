@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from traitlets import Bool, Enum, Float, Instance, Int
+from traitlets import Bool, Enum, Float, Instance, Int, observe
 from traitlets.config import LoggingConfigurable
 
 from shardlab.engine.cells.staging import GraphCache
@@ -50,6 +50,7 @@ from shardlab.engine.modes import (
     resolve_mode,
 )
 from shardlab.engine.resources import live_memory as memory
+from shardlab.engine.resources import shape_guard
 
 _GRAPH_MAGIC = "%%graph --shardlab-line-offset=0\n"
 
@@ -113,6 +114,12 @@ class ShardlabSession(LoggingConfigurable):
     release_after_oom = Bool(
         True, help="After a cell fails out of memory, release unreachable arrays and caches."
     ).tag(config=True)
+    guard_array_sizes = Bool(
+        True,
+        help="Refuse, with an error naming the shape, programs with an array XLA cannot "
+        "compile (its bytes overflow int64: XLA would abort the kernel) or results larger "
+        "than the devices' memory, before XLA sees them (engine/resources/shape_guard.py).",
+    ).tag(config=True)
     history_length = Int(
         20, help="How many cells' effective modes the session keeps (%mode lists the last 10)."
     ).tag(config=True)
@@ -144,6 +151,17 @@ class ShardlabSession(LoggingConfigurable):
         """The shell, which a session always has (``shell`` is optional only as a trait)."""
         assert self.shell is not None
         return self.shell
+
+    @observe("guard_array_sizes")
+    def _guard_changed(self, change: Any) -> None:
+        self.apply_guard()
+
+    def apply_guard(self) -> None:
+        """Installs or removes the array-size guard as ``guard_array_sizes`` says."""
+        if self.guard_array_sizes:
+            shape_guard.install()
+        else:
+            shape_guard.uninstall()
 
     # -- mode resolution -------------------------------------------------------------------
     def begin_cell(self, code: str, cell_meta: dict[str, Any] | None, *, silent: bool) -> None:

@@ -120,8 +120,8 @@ def _read_int(path: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _cgroup_available() -> int | None:
-    """Bytes left under this process's cgroup memory limit (v2 or v1); None if unlimited."""
+def _cgroup_memory() -> tuple[int, int] | None:
+    """This process's cgroup memory limit and usage in bytes (v2 or v1); None if unlimited."""
     paths = [""]
     try:
         with open("/proc/self/cgroup") as handle:
@@ -142,8 +142,28 @@ def _cgroup_available() -> int | None:
             limit = _read_int(limit_file)
             if limit is None or limit >= 2**60:  # "max", or v1's "unlimited"
                 continue
-            return max(0, limit - (_read_int(usage_file) or 0))
+            return limit, _read_int(usage_file) or 0
     return None
+
+
+def _cgroup_available() -> int | None:
+    """Bytes left under this process's cgroup memory limit (v2 or v1); None if unlimited."""
+    found = _cgroup_memory()
+    return None if found is None else max(0, found[0] - found[1])
+
+
+def host_memory() -> int | None:
+    """Bytes of memory this host has for this process in all: its physical memory, lowered
+    to a cgroup limit (None where neither can be read). What no array may exceed, however
+    much is free."""
+    try:
+        total: int | None = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        total = None
+    cgroup = _cgroup_memory()
+    if cgroup is not None:
+        total = cgroup[0] if total is None else min(total, cgroup[0])
+    return total
 
 
 def available_memory() -> int | None:

@@ -43,6 +43,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from shardlab._core.source import portable_source
 from shardlab.parallel.cost import layouts as L
 from shardlab.parallel.errors import SearchError
 from shardlab.parallel.records import (
@@ -369,7 +370,7 @@ def _rows(raw: Any) -> tuple[PlanRow, ...]:
         out.append(
             PlanRow(
                 _str(_get(r, "op", where), f"{where}.op"),
-                _str(_get(r, "where", where), f"{where}.where"),
+                portable_source(_str(_get(r, "where", where), f"{where}.where")),
                 _str(_get(r, "chosen", where), f"{where}.chosen"),
                 _finite(_get(r, "cost", where), f"{where}.cost"),
                 tuple(alts),
@@ -419,7 +420,7 @@ def _collective(raw: Any, sizes: dict[str, int], where: str) -> Collective:
         mesh_axes=axes,
         wire_bytes=_number(_get(raw, "wire_bytes", where), f"{where}.wire_bytes"),
         op_name=_str(raw.get("op_name", ""), f"{where}.op_name"),
-        source=_str(raw.get("source", ""), f"{where}.source"),
+        source=portable_source(_str(raw.get("source", ""), f"{where}.source")),
         count=_int(raw.get("count", 1), f"{where}.count"),
         hlo_name=_str(raw.get("hlo_name", ""), f"{where}.hlo_name"),
         shape=_str(raw.get("shape", ""), f"{where}.shape"),
@@ -460,6 +461,16 @@ def _cost(raw: Any, sizes: dict[str, int]) -> CostBreakdown:
         device=_str(_get(raw, "device", "cost"), "cost.device"),
         warnings=_strings(raw.get("warnings", []), "cost.warnings"),
     )
+
+
+def portable(data: dict[str, Any]) -> dict[str, Any]:
+    """``Plan.to_dict()`` output with its source lines relative (``portable_source``): a
+    plan file carries no absolute path of the machine that wrote it (loading does the same)."""
+    for row in data["rows"]:
+        row["where"] = portable_source(row["where"])
+    for collective in data["cost"]["collectives"]:
+        collective["source"] = portable_source(collective["source"])
+    return data
 
 
 def plan_fields(data: Any) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from shardlab.parallel.plan.io import (
     mesh_code,
     parse_json,
     plan_fields,
+    portable,
     short,
     spec_code,
 )
@@ -515,8 +516,9 @@ class Plan(_Record):
         return out
 
     def to_json(self) -> str:
-        """JSON text (``Plan.from_json`` reads it back, validated)."""
-        return json.dumps(self.to_dict(), indent=1, sort_keys=True)
+        """JSON text (``Plan.from_json`` reads it back, validated); source lines relative,
+        without this machine's absolute paths."""
+        return json.dumps(portable(self.to_dict()), indent=1, sort_keys=True)
 
     @classmethod
     def from_json(
