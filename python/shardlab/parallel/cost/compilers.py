@@ -26,6 +26,12 @@ here is stated in general and was read off compiled HLO (docs/parallel.md has th
   compute between them; XLA:CPU runs each collective to its end before the next operation.
   The schedule (``schedule.py``) hides communication behind compute only where it is
   asynchronous.
+* **Folding an add into a scatter** (``folds_add_into_scatter``): GPU and TPU rewrite
+  ``add(scatter-add(zeros, i, u), x)`` as ``scatter-add(x, i, u)`` before partitioning; an
+  embedding's gradient added into momentum split over the devices that scattered it is
+  then gathered whole as the scatter's operand (``%loop_multiply_fusion.2 = f32[128,256]
+  fusion(%param.44)``, all-gathered to ``f32[1024,256]``); XLA:CPU reduces the gradient and
+  adds.
 * **Max pooling's gradient** (``expands_select_and_scatter``): XLA:CPU rewrites
   select-and-scatter into iotas, a reduce-window and a scatter, with scratch buffers for the
   indices; GPU and TPU have a native kernel.
@@ -60,6 +66,8 @@ class Compiler(_Record):
         reassociates_partial_sums: whether partial sums over the same devices that are only
             added together are added first and all-reduced once.
         async_collectives: whether collectives run asynchronously beside compute.
+        folds_add_into_scatter: whether ``add(scatter-add(0, i, u), x)`` becomes
+            ``scatter-add(x, i, u)`` before partitioning.
     """
 
     name: str
@@ -69,6 +77,7 @@ class Compiler(_Record):
     expands_select_and_scatter: bool = False
     reassociates_partial_sums: bool = True
     async_collectives: bool = True
+    folds_add_into_scatter: bool = True
 
     def computed_dtype(self, dtype: Any) -> Any:
         """The dtype a value of ``dtype`` is computed in (itself unless promoted)."""
@@ -101,6 +110,7 @@ COMPILERS: dict[str, Compiler] = {
             expands_select_and_scatter=True,
             reassociates_partial_sums=False,
             async_collectives=False,
+            folds_add_into_scatter=False,
         ),
         Compiler("XLA:GPU", "gpu"),
         Compiler("XLA:TPU", "tpu"),

@@ -457,7 +457,7 @@ def layer_times(
             residual = [r + per for r in residual]
     carry = fwd.outputs[0] if fwd.num_carry else fwd.outputs[-1]
     lay = prop.layouts[carry] or L.replicated(len(graph.shapes[carry]))
-    split = math.prod(sizes[a] for a in lay[0]) if lay else 1
+    split = math.prod(prop.sizes_or(sizes)[a] for a in lay[0]) if lay else 1
     rows = graph.shapes[carry][0] if graph.shapes[carry] else 1
     times = LayerTimes(
         forward=tuple(t_f),
@@ -478,7 +478,7 @@ def layer_times(
 
 def _local(graph: OpGraph, prop: Propagation, v: int, sizes: Mapping[str, int]) -> int:
     lay = prop.layouts[v] or L.replicated(len(graph.shapes[v]))
-    return L.local_bytes(graph.nbytes(v), lay, sizes)
+    return L.local_bytes(graph.nbytes(v), lay, prop.sizes_or(sizes))
 
 
 def microbatch_bytes(times: LayerTimes, m: int) -> int:

@@ -80,6 +80,7 @@ def memory_estimate(
     ``overrides``: per variable, its per-device bytes instead of its layout's (a remat
     policy's dropped residual stacks take none, ``cost/remat.py``)."""
     overrides = overrides or {}
+    sizes = prop.sizes_or(sizes)
     if profile is not None:
         graph = held_graph(graph, profile.compiler)
 

@@ -66,6 +66,21 @@ class Propagation:
     # before its update), the node that made the partial sum: the reduction can start once
     # it has computed (``overlap.py``); others start at ``collective_nodes``.
     ready_nodes: dict[int, int] = dataclasses.field(default_factory=dict)
+    # The axes the layouts are over, with their sizes, where a mesh axis was split in two
+    # for this propagation (``_sub_axes``): each part's name -> the axis. Empty: the mesh's.
+    sizes: dict[str, int] = dataclasses.field(default_factory=dict)
+    parents: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def sizes_or(self, sizes: Mapping[str, int]) -> Mapping[str, int]:
+        """The sizes of the axes ``layouts`` name: the mesh's ``sizes`` unless split."""
+        return self.sizes or sizes
+
+    def mesh_layouts(self) -> list[L.DimAxes | None]:
+        """``layouts`` over the mesh's own axes (what a PartitionSpec can name): an axis
+        whose parts split different dimensions is named on the first of them."""
+        if not self.parents:
+            return self.layouts
+        return [None if lay is None else _coarse(lay, self.parents) for lay in self.layouts]
 
 
 SUMS = frozenset(("add", "add_any"))
@@ -78,6 +93,9 @@ class _Propagator:
         self.g = graph
         self.sizes = dict(sizes)
         self.profile = profile
+        # A mesh axis split in two for this propagation (``_sub_axes``): each part's name ->
+        # the axis; collectives are named by the mesh's own axes.
+        self.parents: dict[str, str] = {}
         self.lay: list[L.DimAxes | None] = [None] * len(graph.shapes)
         self.partial: dict[int, tuple[str, ...]] = {}
         # var -> the node that made its partial sum (before linear ops carried it on): the
@@ -112,13 +130,19 @@ class _Propagator:
                 kind=kind,
                 bytes=int(nbytes),
                 group_size=int(group),
-                mesh_axes=tuple(a for a in self.sizes if a in axes),
+                mesh_axes=self.mesh_axes(axes),
                 wire_bytes=wire_bytes(kind, nbytes, group),
                 op_name=node.primitive if node else "output",
                 source=node.source if node else "",
                 count=self.count,
             )
         )
+
+    def mesh_axes(self, axes: tuple[str, ...]) -> tuple[str, ...]:
+        """The mesh's own axes ``axes`` span (a split axis's parts named by the axis)."""
+        names = {self.parents.get(a, a) for a in axes}
+        order = dict.fromkeys(self.parents.get(a, a) for a in self.sizes)
+        return tuple(a for a in order if a in names)
 
     def layout(self, var: int) -> L.DimAxes:
         got = self.lay[var]
@@ -325,8 +349,13 @@ class _Propagator:
                 origin = self.origin.pop(source, self.g.producer(source))
         else:
             carried = self._summed_partials(node)
-        for v in node.inputs:
-            self.resolve_partial(v)
+        self._fold_into_scatter(node)
+        if not self.profile.compiler.forms_reduce_scatter:
+            for v in node.inputs:
+                self.resolve_partial(v)
+        # Else each partial sum is reduced where it is resharded into this op's layout
+        # below: one read split over its reduced axes is reduce-scattered (XLA's
+        # ReduceScatterCreator turns the all-reduce and the dynamic slice into one).
         factor_axes = self.choose(node, rule)
         in_bytes, out_bytes = [], []
         in_lays, out_lays = [], []
@@ -376,6 +405,49 @@ class _Propagator:
             self.partial.pop(v)
             self.origin.pop(v, None)
         return parts[0] or ()
+
+    def _fold_into_scatter(self, node: Node) -> None:
+        """``add(scatter-add(0, i, u), x)`` is ``scatter-add(x, i, u)`` to a compiler that
+        folds it (XLA:GPU's and XLA:TPU's algebraic simplifier, before partitioning). Where
+        the scatter's result is a partial sum (each device scattered its own updates), the
+        partitioner needs the new operand ``x`` whole over the partial axes: it gathers
+        ``x`` and keeps one copy's values (a select on the partition id), then reduces as
+        before. An embedding's gradient added into momentum split ZeRO-style: one more
+        gather of the table's size (``%loop_multiply_fusion.2 = f32[128,256]
+        fusion(%param.44)`` all-gathered to ``f32[1024,256]`` before the scatter)."""
+        if (
+            node.primitive not in SUMS
+            or len(node.inputs) != 2
+            or not self.profile.compiler.folds_add_into_scatter
+        ):
+            return
+        for p, x in (node.inputs, node.inputs[::-1]):
+            i = self.g.producer(p)
+            if i < 0 or self.g.nodes[i].primitive not in PULLED_DIRECTLY:
+                continue
+            scatter = self.g.nodes[i]
+            if not self._zeros(scatter.inputs[0]) or self.partial.get(x):
+                continue
+            if self.g.shapes[x] != self.g.shapes[p]:
+                continue
+            # The scatter's partial sums: pending here, or reduced into its result already
+            # (a result pulled to a split layout with the updates left split).
+            axes = set(self.partial.get(p, ()))
+            if not _masked_scatter_chosen(self.g, self, scatter, self.layout(p), self.sizes):
+                axes |= {a for d in self.layout(scatter.inputs[2]) for a in d}
+            lay = self.layout(x)
+            whole = tuple(tuple(a for a in d if a not in axes) for d in lay)
+            if whole != lay:
+                self.reshard(x, whole)
+            return
+
+    def _zeros(self, v: int) -> bool:
+        """A literal zero, or a broadcast of one."""
+        i = self.g.producer(v)
+        if i >= 0 and self.g.nodes[i].primitive == "broadcast_in_dim":
+            v = self.g.nodes[i].inputs[0]
+        value = self.g.literal[v]
+        return value is not None and not np.any(np.asarray(value))
 
     def timed(
         self,
@@ -625,7 +697,9 @@ class _Propagator:
         if [second.layout(body.outputs[k]) for k in range(n_carry)] == outs:
             # Kept as the body returns it: the initial value is resharded once.
             entry = sum(
-                self.profile.collective_time(kind, wire_bytes(kind, nbytes, group), group, axes)
+                self.profile.collective_time(
+                    kind, wire_bytes(kind, nbytes, group), group, self.mesh_axes(axes)
+                )
                 for v, dims in zip(node.inputs[carry], outs, strict=True)
                 for kind, nbytes, group, axes in L.reshard(
                     self.layout(v), dims, self.g.wire_nbytes(v), self.sizes
@@ -660,6 +734,7 @@ class _Propagator:
         ``carry_back``: results resharded at its end (by output position)."""
         held = held_graph(body, self.profile.compiler, entry=False)
         sub = _Propagator(held, self.sizes, self.profile)
+        sub.parents = self.parents
         sub.count = self.count * count
         for v, dims in zip(body.inputs, ins, strict=False):
             sub.lay[v] = dims
@@ -694,8 +769,10 @@ def _forward(
     profile: DeviceProfile,
     constraints: Mapping[int, L.DimAxes],
     output_layouts: list[L.DimAxes | None] | None = None,
+    parents: Mapping[str, str] | None = None,
 ) -> _Propagator:
     p = _Propagator(graph, sizes, profile)
+    p.parents = dict(parents or {})
     for v, target in zip(graph.outputs, output_layouts or (), strict=False):
         if target is not None and graph.producer(v) >= 0:
             p.targets.setdefault(v, target)
@@ -837,11 +914,32 @@ def propagate(
         output_layouts: per graph output, the layout it must end in (``None``: as computed).
     """
     graph = held_graph(graph, profile.compiler)
+    split = _sub_axes(graph, sizes)
+    if split:
+        parts = {a: (f"{a}#0", f"{a}#1") for a in split}
+        parents = {x: a for a, pair in parts.items() for x in pair}
+        sizes = {
+            n: k
+            for a, size in sizes.items()
+            for n, k in (zip(parts[a], split[a], strict=True) if a in split else [(a, size)])
+        }
+
+        def fine(lay: L.DimAxes) -> L.DimAxes:
+            return tuple(tuple(x for a in axes for x in parts.get(a, (a,))) for axes in lay)
+
+        input_layouts = [fine(lay) for lay in input_layouts]
+        constraints = {v: fine(lay) for v, lay in (constraints or {}).items()}
+        if output_layouts is not None:
+            output_layouts = [None if lay is None else fine(lay) for lay in output_layouts]
+    else:
+        parents = {}
     fixed = dict(constraints or {})
-    p = _forward(graph, input_layouts, sizes, profile, fixed, output_layouts)
+    p = _forward(graph, input_layouts, sizes, profile, fixed, output_layouts, parents)
     pulled = _pull_back(graph, p, sizes, fixed)
     if pulled:
-        p = _forward(graph, input_layouts, sizes, profile, {**pulled, **fixed}, output_layouts)
+        p = _forward(
+            graph, input_layouts, sizes, profile, {**pulled, **fixed}, output_layouts, parents
+        )
     live = p.live
     p.node = None
     targets = output_layouts or [None] * len(graph.outputs)
@@ -872,4 +970,53 @@ def propagate(
         copies,
         computed,
         p.ready_nodes,
+        dict(sizes) if parents else {},
+        parents,
     )
+
+
+def _sub_axes(graph: OpGraph, sizes: Mapping[str, int]) -> dict[str, tuple[int, int]]:
+    """Mesh axes the partitioner splits across a reshape's output dimensions: a dimension
+    split ``n`` ways and reshaped into ``(a, b, …)`` with ``n`` not dividing ``a`` but
+    ``g = gcd(n, a) > 1`` doing, and ``n / g`` dividing the rest, keeps its tiles where they
+    are, ``a`` split ``g`` ways and ``b`` the other ``n / g`` (GSPMD's tile assignment of
+    ``[…, g, n/g]``). Megatron attention with fewer heads than tensor-parallel devices
+    (4 heads on 8): each head split over 2 devices' halves of its width, the scores
+    partial sums all-reduced in pairs (``replica_groups=[4,2]<=[8]``), not the
+    projections gathered. Per such axis, its ``(major, minor)`` part sizes; the
+    propagation runs over the parts (a layout's axis becomes both, major first)."""
+    out: dict[str, tuple[int, int]] = {}
+    for node in graph.nodes:
+        if node.primitive != "reshape" or not node.inputs:
+            continue
+        rule = rule_for(node, graph)
+        if not rule.known:
+            continue
+        for factors in rule.operands[0]:
+            if len(factors) < 2:
+                continue
+            major = rule.factor_sizes[factors[0]]
+            rest = math.prod(rule.factor_sizes[f] for f in factors[1:])
+            for a, n in sizes.items():
+                g = math.gcd(n, major)
+                if a not in out and 1 < g < n and rest % (n // g) == 0:
+                    out[a] = (g, n // g)
+    return out
+
+
+def _coarse(lay: L.DimAxes, parents: Mapping[str, str]) -> L.DimAxes:
+    """A layout over split axes' parts as the mesh's own axes: both parts of an axis on one
+    dimension, major then minor, are the axis there; a part alone (a head split on one
+    dimension, its width on another) is named as the axis on the first dimension it
+    splits (a PartitionSpec cannot name a part)."""
+    placed: set[str] = set()
+    out = []
+    for axes in lay:
+        dim: list[str] = []
+        for a in axes:
+            name = parents.get(a, a)
+            if name not in placed:
+                placed.add(name)
+                dim.append(name)
+        out.append(tuple(dim))
+    return tuple(out)

@@ -268,7 +268,7 @@ def remat_cost(
 
     def local(v: int) -> int:
         dims = prop.layouts[v] or L.replicated(len(graph.shapes[v]))
-        return L.local_bytes(graph.nbytes(v), dims, sizes)
+        return L.local_bytes(graph.nbytes(v), dims, prop.sizes_or(sizes))
 
     if spec.policy == "none":
         check_policy(spec.policy)

@@ -63,8 +63,9 @@ def fixed_plan(
     cost, prop = layout_cost(
         g, ins, sizes, profile, constraints=var_constraints or None, output_layouts=outs
     )
+    layouts = prop.mesh_layouts()
     out_specs = tuple(
-        o if o is not None else (prop.layouts[v] or L.replicated(len(g.shapes[v])))
+        o if o is not None else (layouts[v] or L.replicated(len(g.shapes[v])))
         for o, v in zip(outs, g.outputs, strict=True)
     )
     return Plan.of_binding(
