@@ -158,3 +158,15 @@ def test_debug_print_keeps_program_order_with_print(kernel):
     )
     lines = [line for line in out.stdout.splitlines() if line]
     assert lines == ["first 3.0", "second 6.0", "third"]
+
+
+def test_a_blank_line_after_graph_keeps_every_line_number(kernel):
+    """IPython's transform_cell drops a cell body's leading blank lines; a graph cell that
+    starts with one named the line above the right one in its syntax errors."""
+    bad = kernel.execute("%%graph\n\nq = 1\nr = (\n")
+    assert bad.status == "error"
+    text = bad.error_text
+    assert "line 4" in text, text
+    staged = kernel.execute("%%graph\n\nq = jnp.ones(3)\nw = q[q < 0]\n")
+    assert staged.status == "error"
+    assert "line 4" in staged.error_text and "line 3" not in staged.error_text

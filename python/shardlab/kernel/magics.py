@@ -17,7 +17,12 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from shardlab.engine.cells.errors import CellSyntaxError, GraphStagingError
-from shardlab.engine.cells.source import Segment, ShellLineInBlock, split_shell_lines
+from shardlab.engine.cells.source import (
+    Segment,
+    ShellLineInBlock,
+    dropped_blank_lines,
+    split_shell_lines,
+)
 from shardlab.engine.cells.staging import run_graph_cell
 from shardlab.engine.modes import ModeError, mode_context, parse_mode
 from shardlab.engine.resources import live_memory as memory
@@ -288,6 +293,9 @@ class ShardlabMagics(Magics):
         shell = self.shell
         assert shell is not None
         code = shell.transform_cell(cell)  # inside a running cell: not routed again
+        # transform_cell drops leading blank lines; pad them back so every line keeps its
+        # number (syntax errors, magic lines run as Python, --show-converted).
+        code = "\n" * dropped_blank_lines(cell, code) + code
         cell_text = ("%%graph\n" if offset else "") + cell
         filename = shell.compile.cache(cell_text, running_count(shell))
         if len(self._graph_sources) > 256:

@@ -8,6 +8,7 @@ work there, and name the fix.
 
 from __future__ import annotations
 
+import ast
 import traceback
 from typing import TYPE_CHECKING
 
@@ -78,6 +79,12 @@ _FIXES = {
         "use `jax.numpy` instead of `numpy` for this expression, hoist it into a later cell, "
         "or run the cell with %%jit or %%eager.",
     ),
+    "shape": (
+        "makes an array whose shape depends on the values in it (`jnp.nonzero`, `jnp.unique`, "
+        "`jnp.argwhere` without `size=`); a staged program's shapes are fixed before it runs.",
+        "pass `size=` (and `fill_value=`) so that the shape is known: "
+        "`jnp.nonzero(mask, size=n)`; or run the cell with %%eager.",
+    ),
     "leak": (
         "a traced value escaped the staged program (stored in a global, a closure or an "
         "object that outlives the cell).",
@@ -88,6 +95,10 @@ _FIXES = {
 
 
 def _kind(error: BaseException) -> str:
+    if isinstance(error, jax.errors.NonConcreteBooleanIndexError):
+        return "mask"
+    if isinstance(error, jax.errors.ConcretizationTypeError) and "size argument" in str(error):
+        return "shape"
     if isinstance(error, jax.errors.TracerBoolConversionError):
         return "branch"
     if isinstance(error, jax.errors.TracerArrayConversionError):
@@ -106,9 +117,10 @@ def translate_trace_error(error: BaseException, cell: CellSource) -> GraphStagin
     lineno = in_cell[-1].lineno if in_cell else None
     line = (in_cell[-1].line or "").strip() if in_cell else ""
     where = None
+    frames_after_user: list[traceback.FrameSummary] = []
     if in_cell:
         after = frames[frames.index(in_cell[-1]) + 1 :]
-        user = [
+        user = frames_after_user = [
             f
             for f in after
             if "/jax/" not in f.filename
@@ -118,13 +130,52 @@ def translate_trace_error(error: BaseException, cell: CellSource) -> GraphStagin
         ]
         if user:
             where = f"{user[-1].filename}:{user[-1].lineno} `{(user[-1].line or '').strip()}`"
-    reason, fix = _FIXES[_kind(error)]
+    kind = _kind(error)
+    if kind == "mask":  # the line with the indexing: the cell's, or the called function's
+        text = (frames_after_user[-1].line or "").strip() if frames_after_user else line
+        reason, fix = _mask_fix(text)
+    else:
+        reason, fix = _FIXES[kind]
     left = [s for s in cell.sites if not s.converted and s.lineno == lineno]
     if left:  # a statement the conversion left as Python, and why
         reason = f"{reason} This `{left[0].kind}` was not converted: {left[0].reason}."
     staging = GraphStagingError(lineno=lineno, line=line, reason=reason, fix=fix, where=where)
     staging.__cause__ = None
     return staging
+
+
+def _mask_fix(line: str) -> tuple[str, str]:
+    """Why ``x[x < 0]`` cannot be staged, and the fix written with the line's own mask."""
+    mask, value = "mask", "x"
+    tree = None
+    for text in (line, line + "\n    pass"):  # a statement, or a block's first line
+        try:
+            tree = ast.parse(text)
+            break
+        except SyntaxError:
+            continue
+    subscripts = [] if tree is None else [n for n in ast.walk(tree) if isinstance(n, ast.Subscript)]
+    masked = [
+        n for n in subscripts if not isinstance(n.slice, (ast.Constant, ast.Slice, ast.Tuple))
+    ]
+    if masked:
+        chosen = next(
+            (n for n in masked if isinstance(n.slice, (ast.Compare, ast.BoolOp, ast.UnaryOp))),
+            masked[0],
+        )
+        mask, value = ast.unparse(chosen.slice), ast.unparse(chosen.value)
+    reason = (
+        f"indexes with a boolean mask (`{value}[{mask}]`): the result has as many elements "
+        "as the mask has True values, a shape that depends on the values, and a staged "
+        "program's shapes are fixed before it runs."
+    )
+    fix = (
+        f"keep the shape and zero the other elements: `jnp.where({mask}, {value}, 0)` (a sum "
+        f"or mean of the selected elements: `jnp.sum({value}, where={mask})`); or give the "
+        f"number of elements: `{value}[jnp.nonzero({mask}, size=n)]`; or run the cell with "
+        "%%eager."
+    )
+    return reason, fix
 
 
 class CellSyntaxError(Exception):

@@ -49,6 +49,10 @@ class Mutation:
     name: str
     lineno: int
     how: str  # "method .append()", "item assignment", "attribute assignment"
+    # For a method call: the object it is called on, as written (``metrics["loss"]``), and
+    # its first argument (``loss``), for the fix the error gives.
+    target: str = ""
+    argument: str | None = None
 
 
 @dataclass(frozen=True)
@@ -203,10 +207,13 @@ class _Binder(ast.NodeVisitor):
     def _check_call(self, node: ast.Call) -> None:
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr in _MUTATING_METHODS:
-            if isinstance(func.value, ast.Name):
-                self.mutations.append(
-                    Mutation(func.value.id, node.lineno, f"method .{func.attr}()")
-                )
+            # ``log.append(v)``, and ``metrics["loss"].append(v)``: a container inside one
+            name = _base_name(func.value)
+            if name is not None:
+                argument = ast.unparse(node.args[0]) if node.args else None
+                target = ast.unparse(func.value)
+                how = f"method .{func.attr}()"
+                self.mutations.append(Mutation(name, node.lineno, how, target, argument))
 
     def _check_store(self, target: ast.expr, lineno: int) -> None:
         if isinstance(target, ast.Subscript):
@@ -232,7 +239,13 @@ class _PrintFormatter(ast.NodeTransformer):
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
-        if isinstance(node.func, ast.Name) and node.func.id == "print":
+        func = node.func
+        if (isinstance(func, ast.Name) and func.id == "print") or (
+            isinstance(func, ast.Attribute)  # builtins.print, __builtins__.print
+            and func.attr == "print"
+            and isinstance(func.value, ast.Name)
+            and func.value.id in ("builtins", "__builtins__")
+        ):
             node.args = [self._defer(arg) for arg in node.args]
         return node
 
@@ -480,6 +493,32 @@ def analyse_cell(
         sites=sites,
         converted_source=converted_source,
     )
+
+
+def dropped_blank_lines(body: str, code: str) -> int:
+    """How many blank lines at the top of a cell's ``body`` its Python ``code`` lost.
+
+    IPython's ``transform_cell`` drops a cell's leading blank lines, so a cell body that
+    starts with one has its line 2 as line 1 of the code, and every error would name the
+    line above the right one. ``code`` (the whole code, or a segment padded to its line
+    numbers, ``split_shell_lines``) is compared with ``body`` at its first non-blank line:
+    the answer is the count of ``body``'s leading blank lines when that is where the line
+    is found, 0 when the lines already agree or nothing proves otherwise.
+    """
+    lines = body.splitlines()
+    blank = next((i for i, text in enumerate(lines) if text.strip()), len(lines))
+    code_lines = code.splitlines()
+    first = next((i for i, text in enumerate(code_lines) if text.strip()), None)
+    if blank == 0 or first is None:
+        return 0
+
+    def line(index: int) -> str | None:
+        return lines[index].strip() if index < len(lines) else None
+
+    text = code_lines[first].strip()
+    if line(first) != text and line(first + blank) == text:
+        return blank
+    return 0
 
 
 @dataclass(frozen=True)

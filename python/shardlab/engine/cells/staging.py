@@ -9,17 +9,23 @@ hashable tuples and frozensets by value, any other object by identity.
 The cache is keyed by cell source and the static part; JAX's own jit cache then keys on input
 shapes, dtypes and shardings, so re-running a cell with same-shaped inputs does not retrace.
 
-``print`` in a graph cell prints at run time, every run, with concrete values: its arguments
-become extra program outputs printed in program order after the run (f-strings inside
-``print`` are formatted then too). A ``print`` inside a nested transformation (a
-``lax.fori_loop`` body, say) falls back to ``jax.debug.callback``, which may reorder.
+A failing, refused or interrupted cell changes nothing: its outputs are written only after
+the program ran, and what its Python changed in place while it was traced (a list it
+appended to, a global a function bound) is put back by the trace's ``Journal``; a traced
+value stored in an object from outside the cell is refused (``refusals.py``). ``del name``
+removes a name the cell leaves unbound; ``del key`` then ``key = ...`` rebinds it.
+
+``print`` in a graph cell prints at run time, every run, with concrete values, however it
+is reached (``prints.py``): its arguments become extra program outputs printed in program
+order after the run (f-strings inside ``print`` are formatted then too). A ``print`` inside
+a nested transformation (a ``lax.fori_loop`` body, say) falls back to ``jax.debug.callback``,
+which may reorder.
 """
 
 from __future__ import annotations
 
 import builtins
 import collections
-import dataclasses
 import linecache
 import sys
 from collections.abc import Callable, MutableMapping
@@ -32,13 +38,37 @@ import numpy as np
 from shardlab._core.trees import Parts, is_array, is_jax_array, split
 from shardlab.engine.cells import state
 from shardlab.engine.cells.errors import GraphStagingError, translate_trace_error
-from shardlab.engine.cells.source import FORMAT_NAME, RESULT_NAME, CellSource, analyse_cell
+from shardlab.engine.cells.journal import Journal
+from shardlab.engine.cells.prints import (
+    DeferredFormat,
+    PrintRecord,
+    Recorder,
+    emit,
+    real_print,
+    recording,
+    staged_print,
+)
+from shardlab.engine.cells.refusals import (
+    check_converted,
+    check_definitions,
+    check_mutations,
+    leak_error,
+    refuse_traced_leftovers,
+)
+from shardlab.engine.cells.source import (
+    FORMAT_NAME,
+    RESULT_NAME,
+    CellSource,
+    analyse_cell,
+    dropped_blank_lines,
+)
 from shardlab.engine.convert.exprs import raising_failed_asserts
 from shardlab.engine.convert.loops import Runtime
-from shardlab.engine.convert.ops import ControlFlowError, Undefined
+from shardlab.engine.convert.ops import Undefined
 from shardlab.engine.convert.rewrite import RUNTIME
 
 __all__ = [
+    "DeferredFormat",
     "GraphCache",
     "GraphRun",
     "GraphStagingError",
@@ -52,6 +82,7 @@ LONG_RANGE = 100
 
 _TRACE_ERRORS = (
     jax.errors.ConcretizationTypeError,  # includes TracerBoolConversionError
+    jax.errors.NonConcreteBooleanIndexError,  # x[x < 0]: a shape that depends on values
     jax.errors.TracerArrayConversionError,
     jax.errors.TracerIntegerConversionError,
     jax.errors.UnexpectedTracerError,
@@ -64,49 +95,16 @@ class _Input:
     parts: Parts
 
 
-class DeferredFormat:
-    """An f-string inside ``print`` (or a ``jax.debug.print`` format) whose formatting waits
-    for concrete values."""
-
-    def __init__(self, template: str, *values: object, **named: object) -> None:
-        self.template = template
-        self.values = values
-        self.named = named
-
-    def render(self) -> str:
-        def concrete(v: object) -> object:  # a 0-d NumPy array from a runtime callback
-            return v[()] if type(v) is np.ndarray and v.ndim == 0 else v
-
-        return self.template.format(
-            *map(concrete, self.values), **{k: concrete(v) for k, v in self.named.items()}
-        )
-
-    def __str__(self) -> str:  # formatting outside print (trace time)
-        return self.render()
-
-
-jax.tree_util.register_pytree_node(
-    DeferredFormat,
-    lambda d: ((d.values, d.named), d.template),
-    lambda template, children: DeferredFormat(template, *children[0], **children[1]),
-)
-
-
-@dataclass
-class _Print:
-    """One ``print`` call of a trace: its arguments, taken apart, and its keywords."""
-
-    args: Parts
-    kwargs: dict[str, Any]
-
-
 @dataclass
 class _Structure:
     """What a trace found out about the outputs (recorded per input signature)."""
 
     names: tuple[str, ...]
     values: Parts  # the values of ``names``, as a tuple
-    prints: list[_Print]
+    prints: list[PrintRecord]
+    # Names the cell deleted (``del sub``) and did not bind again: removed after a run.
+    deleted: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # about its prints, said once per cell
     # Inputs the cell changed in place (an nnx module's RNG counter, a BatchNorm's
     # statistics): their new state, as a tuple of (name, value) after ``values``' arrays.
     mutated: tuple[str, ...] = ()
@@ -124,6 +122,20 @@ class _Entry:
     traces: int = 0
     runs: int = 0
     structures: dict[tuple[Any, ...], _Structure] = field(default_factory=dict)
+    active: _Call | None = None  # the run in progress
+
+
+@dataclass
+class _Call:
+    """One run of a graph cell: the namespace it reads, and the journals of its traces
+    (what tracing changed in the objects the cell reached, to undo when the run fails)."""
+
+    namespace: MutableMapping[str, Any]
+    journals: list[Journal] = field(default_factory=list)
+
+    def undo(self) -> None:
+        for journal in reversed(self.journals):
+            journal.restore()
 
 
 @dataclass(frozen=True)
@@ -193,64 +205,6 @@ class GraphCache:
             self._entries.popitem(last=False)
 
 
-def _check_mutations(cell: CellSource, namespace: MutableMapping[str, Any], offset: int) -> None:
-    for mutation in cell.mutations:
-        if mutation.name not in namespace:
-            continue
-        value = namespace[mutation.name]
-        if mutation.how.startswith("method"):
-            flagged = isinstance(value, (list, dict, set, bytearray, collections.deque))
-        elif mutation.how == "item assignment":
-            flagged = not isinstance(value, jax.Array)
-        else:
-            flagged = not isinstance(value, type(sys))
-        if flagged:
-            kind = type(value).__name__
-            raise GraphStagingError(
-                lineno=mutation.lineno + offset,
-                line=cell.line(mutation.lineno, offset=0),
-                reason=(
-                    f"{mutation.how} mutates `{mutation.name}` (a {kind} from outside the "
-                    "cell) in place; a staged cell runs its Python once, at trace time, so "
-                    "the mutation would not repeat on later runs and could leak traced values."
-                ),
-                fix=f"{_rebuild_hint(mutation.name, value)}, or run the cell with %%jit or %%eager.",
-            )
-
-
-def _rebuild_hint(name: str, value: object) -> str:
-    if isinstance(value, (list, collections.deque)):
-        example = f"`{name} = [*{name}, new_item]`"
-    elif isinstance(value, dict):
-        example = f"`{name} = {{**{name}, key: new_value}}`"
-    elif isinstance(value, (set, frozenset)):
-        example = f"`{name} = {name} | {{new_item}}`"
-    elif isinstance(value, np.ndarray):
-        example = f"a JAX array (`{name} = jnp.asarray({name}).at[index].set(new_value)`)"
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        example = f"a new object (`{name} = dataclasses.replace({name}, field=new_value)`)"
-    else:
-        example = f"a new object (`{name} = {type(value).__name__}(...)`)"
-    return f"build a new value and bind it to a name, e.g. {example}"
-
-
-def _check_definitions(cell: CellSource, offset: int) -> None:
-    for definition in cell.definitions:
-        raise GraphStagingError(
-            lineno=definition.lineno + offset,
-            line=cell.line(definition.lineno),
-            reason=(
-                f"the cell defines {definition.kind} `{definition.name}`; a graph cell "
-                "stages array computations, and a definition made while tracing would "
-                "capture traced values."
-            ),
-            fix=(
-                "define it in a %%jit or %%eager cell and call it from the graph cell, "
-                "or run this cell with %%jit."
-            ),
-        )
-
-
 def _split_inputs(
     cell: CellSource, namespace: MutableMapping[str, Any]
 ) -> tuple[tuple[_Input, ...], list[Any], dict[str, Any], tuple[Any, ...], list[str]]:
@@ -290,41 +244,21 @@ def _make_staged(entry: _Entry, cache: GraphCache) -> Callable[..., Any]:
         __tracebackhide__ = True
         entry.traces += 1
         cache.total_traces += 1
-        prints: list[_Print] = []
-        print_arrays: list[Any] = []  # the array arguments of ``prints``, in order
+        call = entry.active
+        journal = None
+        if call is not None:  # before the cell's Python runs: what it may change
+            user = call.namespace
+            roots = [(n, user[n]) for n in cell.reads if n in user]
+            journal = Journal(roots, namespace=user)
+            call.journals.append(journal)
         outer_trace = next((getattr(a, "_trace", None) for a in arrays), None)
-
-        def record(args: tuple[Any, ...], kwargs: dict[str, Any], fallback: Callable) -> None:
-            parts, args_arrays = split(args, is_jax_array)
-            foreign = any(getattr(a, "_trace", outer_trace) is not outer_trace for a in args_arrays)
-            if foreign:  # inside a nested transformation: a runtime callback
-                fallback()
-                return
-            prints.append(_Print(parts, kwargs))
-            print_arrays.extend(args_arrays)
-
-        def staged_print(*args: Any, **kwargs: Any) -> None:
-            def fallback() -> None:
-                parts, args_arrays = split(args, is_jax_array)
-                item = _Print(parts, kwargs)
-                jax.debug.callback(lambda *values: _emit(item, list(values)), *args_arrays)
-
-            record(args, kwargs, fallback)
-
-        def staged_debug_print(fmt: str, *args: Any, ordered: bool = False, **named: Any) -> None:
-            # jax.debug.print in a graph cell prints in program order with ``print``.
-            record(
-                (DeferredFormat(fmt, *args, **named),),
-                {},
-                lambda: _debug_print(fmt, *args, ordered=ordered, **named),
-            )
-
-        namespace: dict[str, Any] = {
-            "__name__": "__main__",
-            "__builtins__": {**vars(builtins), "print": staged_print},
-            FORMAT_NAME: DeferredFormat,
-        }
+        recorder = Recorder(filename=cell.filename, outer_trace=outer_trace)
+        # The builtins module, as in a notebook: ``print`` (however reached) is the
+        # recorder's while the cell is traced.
+        namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         namespace.update(entry.statics)
+        namespace["__builtins__"] = builtins
+        namespace[FORMAT_NAME] = DeferredFormat
         if cell.converted_source is not None:  # converted code calls __sl__, sites or not
             entry.runtime = Runtime(cell.sites, filename=cell.filename, strict=entry.strict)
             entry.runtime.long_range = LONG_RANGE
@@ -337,11 +271,8 @@ def _make_staged(entry: _Entry, cache: GraphCache) -> Callable[..., Any]:
             namespace[spec.name] = value
             rebuilt.append((spec, value, jax.tree_util.tree_leaves(value)))
             offset += count
-        jax.debug.print = staged_debug_print  # type: ignore[assignment]
-        try:
+        with recording(recorder):
             exec(cell.code, namespace)
-        finally:
-            jax.debug.print = _debug_print  # type: ignore[assignment]
         # A name converted control flow left unbound (bound on one path, read nowhere
         # after) is not an output.
         names = tuple(
@@ -350,9 +281,16 @@ def _make_staged(entry: _Entry, cache: GraphCache) -> Callable[..., Any]:
             if n in namespace and not isinstance(namespace[n], Undefined)
         )
         for name in names:
-            _refuse_traced_leftovers(cell, name, namespace[name])
-        for name, value in entry.statics.items():
-            _refuse_traced_leftovers(cell, name, value, outside=True)
+            if namespace[name] is staged_print:  # ``p = print``: the real one goes back
+                namespace[name] = real_print()
+            refuse_traced_leftovers(cell, name, namespace[name])
+        if journal is not None:
+            leak = journal.find_tracer()
+            if leak is not None:
+                raise leak_error(cell, leak)
+        else:
+            for name, value in entry.statics.items():
+                refuse_traced_leftovers(cell, name, value, outside=True)
         parts, out_arrays = split(tuple(namespace[n] for n in names), is_jax_array)
         mutated: list[str] = []
         mutated_values: list[Any] = []
@@ -364,71 +302,22 @@ def _make_staged(entry: _Entry, cache: GraphCache) -> Callable[..., Any]:
                 a is b for a, b in zip(after, before, strict=True)
             ):
                 continue
-            _refuse_traced_leftovers(cell, spec.name, value, outside=True, in_place=True)
+            refuse_traced_leftovers(cell, spec.name, value, outside=True, in_place=True)
             mutated.append(spec.name)
             mutated_values.append(value)
-        structure = _Structure(names, parts, prints)
+        # ``del key`` then ``key = ...`` rebinds it: only a name the cell left unbound goes.
+        deleted = tuple(n for n in cell.deletes if n not in namespace)
+        structure = _Structure(
+            names, parts, recorder.prints, deleted=deleted, notes=tuple(recorder.notes)
+        )
         if mutated:
             structure.mutated = tuple(mutated)
             structure.mutated_values, more = split(tuple(mutated_values), is_jax_array)
             out_arrays = [*out_arrays, *more]
         entry.structures[_signature(arrays)] = structure
-        return out_arrays, print_arrays
+        return out_arrays, recorder.arrays
 
     return staged
-
-
-_debug_print = jax.debug.print
-
-
-def _refuse_traced_leftovers(
-    cell: CellSource, name: str, value: Any, *, outside: bool = False, in_place: bool = False
-) -> None:
-    """Raises when a traced value would outlive the program inside ``value``: in an object
-    that is not a pytree (its leaves cannot become program outputs)."""
-    __tracebackhide__ = True
-    if outside and not in_place:
-        found = state.find_tracer(value, name)
-    else:
-        found = None
-        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
-            if not is_jax_array(leaf):
-                found = state.find_tracer(leaf, name + jax.tree_util.keystr(path))
-                if found is not None:
-                    break
-    if found is None:
-        return
-    lineno = cell.bind_lines.get(name)
-    kind = type(value).__name__
-    if outside:
-        reason = (
-            f"the cell stores a traced value in `{found}`, inside `{name}` (a {kind} from "
-            "outside the cell); a staged cell's Python runs once, at trace time, so the "
-            "object would keep a placeholder instead of a value."
-        )
-    else:
-        reason = (
-            f"`{found}` would hold a traced value after the run: `{name}` is a {kind}, "
-            "which JAX cannot take apart into arrays (it is not a pytree), so its arrays "
-            "cannot become outputs of the staged program."
-        )
-    raise GraphStagingError(
-        lineno=None if lineno is None else lineno + cell.line_offset,
-        line="" if lineno is None else cell.line(lineno),
-        reason=reason,
-        fix=(
-            f"make {kind} a pytree (`@jax.tree_util.register_dataclass` on a dataclass, "
-            "`flax.struct.dataclass`, an `equinox.Module` or an nnx Module), or run the cell "
-            "with %%jit."
-        ),
-    )
-
-
-def _emit(record: _Print, values: list[Any]) -> None:
-    """Prints ``record`` with ``values``, this run's values of its array arguments."""
-    args = record.args.rebuild(values)  # JAX arrays print as they do outside a graph cell
-    rendered = [a.render() if isinstance(a, DeferredFormat) else a for a in args]
-    builtins.print(*rendered, **record.kwargs)
 
 
 def run_graph_cell(
@@ -458,15 +347,18 @@ def run_graph_cell(
             and what to do instead.
     """
     __tracebackhide__ = True
+    if cell_text is not None:  # a blank first line that IPython dropped still counts
+        body = "".join(cell_text.splitlines(True)[line_offset:])
+        line_offset += dropped_blank_lines(body, source)
     filename = filename or f"<graph-cell-{abs(hash(source)) & 0xFFFFFFFF:08x}>"
     if filename not in linecache.cache:
         text = cell_text if cell_text is not None else "\n" * line_offset + source
         linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
     cell = cache.analysed(source, filename, line_offset)
-    _check_definitions(cell, line_offset)
-    _check_mutations(cell, namespace, line_offset)
+    check_definitions(cell, line_offset)
+    check_mutations(cell, namespace, line_offset)
     if strict:
-        _check_converted(cell)
+        check_converted(cell)
     inputs, arrays, statics, key_parts, untracked = _split_inputs(cell, namespace)
     key = (source, strict, key_parts)
     entry = cache._get(key)
@@ -476,6 +368,29 @@ def run_graph_cell(
         entry = _Entry(cell=cell, inputs=inputs, statics=statics, strict=strict)
         entry.fn = jax.jit(_make_staged(entry, cache))
         cache._put(key, entry)
+    call = _Call(namespace)
+    entry.active = call
+    try:
+        return _run(entry, cache, call, arrays, key, notes, inputs)
+    except BaseException:
+        call.undo()  # what tracing changed in the objects the cell reached
+        raise
+    finally:
+        entry.active = None
+
+
+def _run(
+    entry: _Entry,
+    cache: GraphCache,
+    call: _Call,
+    arrays: list[Any],
+    key: Any,
+    notes: list[str],
+    inputs: tuple[_Input, ...],
+) -> GraphRun:
+    """Runs ``entry``'s program (tracing it first when needed) and writes its outputs."""
+    __tracebackhide__ = True
+    cell, source, namespace = entry.cell, entry.cell.source, call.namespace
     traces_before = entry.traces
     assert entry.fn is not None
     try:
@@ -485,16 +400,17 @@ def run_graph_cell(
         raise translate_trace_error(error, cell) from None
     structure = entry.structures[_signature(arrays)]
     entry.runs += 1
-    if entry.runtime is not None and entry.traces > traces_before:
-        for note in entry.runtime.notes:
+    traced = entry.traces > traces_before
+    if traced:
+        said = [*(entry.runtime.notes if entry.runtime is not None else ()), *structure.notes]
+        for note in said:
             if (source, note) not in cache._said:
                 cache._said.add((source, note))
                 notes.append(note)
-    if entry.traces > traces_before:
         # Tracing ran the cell's Python, which may change state it reads (a trace counter
         # in a global): file the program under the state it left too, or the next run
         # would see a new key and stage the cell again.
-        after = (source, strict, _split_inputs(cell, namespace)[3])
+        after = (source, entry.strict, _split_inputs(cell, namespace)[3])
         if after != key:
             cache._put(after, entry)
     values = structure.values.rebuild(out_arrays[: len(structure.values.array_positions)])
@@ -503,7 +419,7 @@ def run_graph_cell(
     offset = 0
     for record in structure.prints:
         count = len(record.args.array_positions)
-        _emit(record, print_arrays[offset : offset + count])
+        emit(record, print_arrays[offset : offset + count])
         offset += count
     jax.effects_barrier()
     result = None
@@ -517,12 +433,12 @@ def run_graph_cell(
         updated = structure.mutated_values.rebuild(out_arrays[count:])
         for name, value in zip(structure.mutated, updated, strict=True):
             _update_in_place(namespace, name, value)
-    for name in cell.deletes:
+    for name in structure.deleted:
         namespace.pop(name, None)
     return GraphRun(
         result=result,
         has_result=cell.has_result,
-        traced=entry.traces > traces_before,
+        traced=traced,
         traces=entry.traces,
         outputs=tuple(n for n in structure.names if n != RESULT_NAME),
         inputs=tuple(i.name for i in inputs),
@@ -530,20 +446,6 @@ def run_graph_cell(
         updated=structure.mutated,
         conversions=None if entry.runtime is None else entry.runtime.summary(),
     )
-
-
-def _check_converted(cell: CellSource) -> None:
-    """Strict conversion: a statement the pass left as Python is an error."""
-    for site in cell.sites:
-        if not site.converted:
-            raise ControlFlowError(
-                label=None,
-                lineno=site.lineno,
-                line=cell.line(site.lineno, offset=cell.line_offset),
-                reason=f"this `{site.kind}` cannot be converted for staging: {site.reason}.",
-                fix="rewrite it as the reason says, or run the cell without --strict "
-                "(it then runs as Python while tracing).",
-            )
 
 
 def _update_in_place(namespace: MutableMapping[str, Any], name: str, value: Any) -> None:

@@ -13,12 +13,12 @@ false comparison, ``AssertionError`` now) and stages on traced ones:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import operator
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -62,13 +62,20 @@ class TracedAssertionError(AssertionError):
     """An ``assert`` on a traced value that failed when the program ran."""
 
 
-# Failed run-time asserts of this thread, newest last: the callback raises inside the
-# runtime, which reports a JaxRuntimeError; the caller (to_static, a graph cell) turns it
-# back into the user's AssertionError.
+# Failed run-time asserts of this thread, newest last, with where they are: the callback
+# raises inside the runtime, which reports a JaxRuntimeError; the caller (to_static, a graph
+# cell) turns it back into the user's AssertionError, raised at the assert's line.
 _FAILED = threading.local()
 
 
-def _failed() -> list[str]:
+@dataclass(frozen=True)
+class _Failure:
+    text: str
+    filename: str | None
+    lineno: int | None
+
+
+def _failed() -> list[_Failure]:
     if not hasattr(_FAILED, "messages"):
         _FAILED.messages = []
     return _FAILED.messages
@@ -86,20 +93,30 @@ class _QuietAssertions(logging.Filter):
 logging.getLogger("jax._src.debugging").addFilter(_QuietAssertions())
 
 
-@contextlib.contextmanager
-def raising_failed_asserts() -> Iterator[None]:
+class raising_failed_asserts:  # a context manager used like a function: its name says how
     """Around a call of a compiled program: a run-time ``assert`` that failed inside it
-    raises ``AssertionError`` with the user's message (not the runtime's wrapper)."""
-    __tracebackhide__ = True
-    before = len(_failed())
-    try:
-        yield
-    except jax.errors.JaxRuntimeError as error:
-        messages = _failed()[before:]
-        del _failed()[before:]
-        if not messages or "AssertionError" not in str(error):
-            raise
-        raise AssertionError(messages[0]) from None
+    raises ``AssertionError`` with the user's message (not the runtime's wrapper), from
+    the assert's own line, so a traceback shows the line as for Python's ``assert``."""
+
+    def __enter__(self) -> None:
+        self.before = len(_failed())
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> bool:
+        __tracebackhide__ = True
+        if not isinstance(error, jax.errors.JaxRuntimeError):
+            return False
+        failures = _failed()[self.before :]
+        del _failed()[self.before :]
+        if not failures or "AssertionError" not in str(error):
+            return False
+        first = failures[0]
+        failed = AssertionError(first.text) if first.text else AssertionError()
+        if first.filename is None or not first.lineno:
+            raise failed from None
+        # A frame at the user's line: compiled under their filename, padded to the line.
+        code = compile("\n" * (first.lineno - 1) + "raise failed from None", first.filename, "exec")
+        exec(code, {"failed": failed})
+        return False  # not reached
 
 
 class ExprOps:
@@ -108,6 +125,8 @@ class ExprOps:
 
     staged: Any  # a Counter, from CondOps
     python: Any
+    sites: dict[int, Any]  # CondOps': the converted statements by index
+    filename: str
     _predicate: Callable[[int, Any], Any]  # CondOps': one truth value, or an error
 
     @staticmethod
@@ -174,11 +193,13 @@ class ExprOps:
             return
         predicate = self._predicate(k, test)
         text = "" if message is None else str(message())
-        jax.debug.callback(functools.partial(_check, text=text), predicate)
+        site = self.sites.get(k)
+        failure = _Failure(text, self.filename, site.lineno if site is not None else None)
+        jax.debug.callback(functools.partial(_check, failure=failure), predicate)
         self.staged["assert"] += 1
 
 
-def _check(ok: Any, *, text: str) -> None:
+def _check(ok: Any, *, failure: _Failure) -> None:
     if not bool(np.asarray(ok)):
-        _failed().append(text)
-        raise TracedAssertionError(text)
+        _failed().append(failure)
+        raise TracedAssertionError(failure.text)
