@@ -6,6 +6,7 @@ One cluster is shared by the module; the fault tests at the end stop it and rest
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import re
@@ -285,6 +286,114 @@ def test_timeouts_kill_and_restart(kernel):
         f"start {kernel.start_s:.1f} s, restart {restart_s:.1f} s, death seen {detect_s:.2f} s "
         f"(busy) {idle_s:.2f} s (idle), stop {stop_s:.1f} s"
     )
+
+
+HEARTBEAT_S = 3
+# collectives in a loop on every process: each waits for all the others
+COLLECTIVES = (
+    "%%spmd\n"
+    "import time\n"
+    "from jax.experimental import multihost_utils\n"
+    "print('looping', flush=True)\n"
+    "while True:\n"
+    "    multihost_utils.sync_global_devices('step')\n"
+    "    time.sleep(0.05)\n"
+)
+
+
+def _resume(pids: list[int]) -> None:
+    for pid in pids:  # a stopped process left behind would hold its ports
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def test_a_hung_process_is_named_not_the_ones_jax_aborted(kernel):
+    """SIGSTOP one engine: JAX's runtime aborts the others (SIGABRT) about one heartbeat
+    timeout later. The cell that was running fails within the timeout naming the stopped
+    engine as hung, with the aborts as consequences; a hang while no cell runs is told to
+    the next cell, with its time."""
+    start = f"%cluster restart -n 3 --heartbeat-timeout {HEARTBEAT_S}"
+    stopped: list[int] = []
+    try:
+        kernel.ok(start, timeout=180)
+        pids = engine_pids(kernel)
+        assert len(pids) == 3
+        pending = kernel.send(COLLECTIVES)
+        time.sleep(4)
+        stopped.append(pids[2])
+        os.kill(pids[2], signal.SIGSTOP)
+        at = time.monotonic()
+        hung = kernel.wait(pending, timeout=60)
+        detect_s = time.monotonic() - at
+        assert hung.status == "error" and "looping" in hung.stdout, hung.stdout
+        message = hung.errors[0]["evalue"]
+        named = f"process 2 (pid {pids[2]}) hung: it stopped answering for "
+        assert message.startswith(named), message
+        assert "it is stopped: SIGSTOP" in message, message
+        found = re.search(r"answering for ([\d.]+) s", message)
+        assert found is not None, message
+        silent_s = float(found.group(1))
+        assert 0.3 * HEARTBEAT_S <= silent_s <= HEARTBEAT_S + 1, message
+        # the processes JAX's runtime aborted are consequences, not deaths of their own
+        assert "died" not in message and "PollForError" not in message, message
+        if "aborted" in message:
+            assert re.search(
+                r"aborted processes? [01](, [01])? \(killed by SIGABRT\) as a "
+                r"consequence",
+                message,
+            ), message
+        assert message.endswith("the cluster is stopped; `%cluster restart`"), message
+        assert detect_s < HEARTBEAT_S + 2, detect_s
+        assert hung.stderr == "", "no notice besides the cell's own error"
+        deadline = time.monotonic() + 10
+        while children(kernel.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert children(kernel.pid) == [], "no process of the cluster is left"
+        later = kernel.ok("after = 1")
+        assert later.stdout == later.stderr == "", "no notice lands under a later cell"
+        status = kernel.ok("%cluster status").stdout
+        assert status.startswith("cluster: stopped — at ") and named in status, status
+
+        # the coordinator (process 0) stops while no cell runs: the next cell is told
+        kernel.ok(start, timeout=180)
+        pids = engine_pids(kernel)
+        stopped.append(pids[0])
+        os.kill(pids[0], signal.SIGSTOP)
+        stopped_at = time.time()
+        at = time.monotonic()
+        while children(kernel.pid) and time.monotonic() - at < HEARTBEAT_S + 10:
+            time.sleep(0.1)
+        idle_s = time.monotonic() - at
+        assert children(kernel.pid) == [], "the hang stopped the cluster without any cell"
+        time.sleep(1)
+        told = kernel.execute("%spmd print('never runs')")
+        assert told.status == "error"
+        message = told.errors[0]["evalue"]
+        when = re.match(
+            r"earlier, at (\d\d:\d\d:\d\d) \((\d+) s ago, while no cell ran "
+            r"on it\): ",
+            message,
+        )
+        assert when is not None, message
+        happened = time.mktime(
+            time.strptime(
+                time.strftime("%Y-%m-%d ", time.localtime(stopped_at)) + when.group(1),
+                "%Y-%m-%d %H:%M:%S",
+            )
+        )
+        assert stopped_at - 1 <= happened <= stopped_at + HEARTBEAT_S + 3, message
+        assert message[when.end() :].startswith(
+            f"process 0 (pid {pids[0]}) hung: it stopped answering for "
+        ), message
+        assert "never runs" not in told.stdout
+
+        # restartable, as the message says
+        kernel.ok("%cluster restart", timeout=180)
+        count = kernel.ok("%spmd import jax; print('processes', jax.process_count())").stdout
+        assert "processes 3" in count, count
+        print(f"hang seen {detect_s:.2f} s (busy), {idle_s:.2f} s to no process (idle)")
+    finally:
+        _resume(stopped)
 
 
 def cluster_folders(root) -> list[str]:

@@ -8,8 +8,12 @@ processes (SIGABRT, not a Python exception), and that must never be the user's k
 
 Any engine's death is the cluster's death (JAX's runtime cannot lose a process): a watcher
 thread notices it within :data:`POLL_S`, kills the other engines and the controller, and the
-next call (or the cell waiting on the engines) raises :class:`ProcessDied` with the message
-the user acts on. ipyparallel is imported when a cluster starts (it imports IPython).
+cell waiting on the engines raises :class:`ProcessDied` with the message the user acts on (a
+death while no cell ran is raised by the next call, with its time). An engine that stops
+answering (stopped, frozen) is named the same way as :class:`ProcessHung` within the heartbeat
+timeout, and the aborts JAX's runtime then sends the other processes are told as its
+consequences, not as deaths of their own (:mod:`.health`). ipyparallel is imported when a
+cluster starts (it imports IPython).
 
 The cluster's folder (``shardlab-cluster-*`` in the temporary folder: ipyparallel's profile,
 with the connection files that hold its keys, and the engines' logs) goes with it: ``stop``
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -38,11 +43,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from shardlab.cluster.health import Heartbeats, Verdict, blame, process_state, read_jax_abort
+
 POLL_S = 0.25  # how often the watcher looks at the engine processes
 STOP_GRACE_S = 3.0  # how long engines may take to shut down before they are killed
 RESTART_HINT = "`%cluster restart`"
 # ipyparallel's own engine log lines and gloo's connection notices: not what killed a process.
-_LOG_NOISE = re.compile(r"\[(IPEngine|KernelNanny)(\.\d+)?\]|^\[Gloo\]")
+# A native stack trace's frames say nothing to the user either.
+_LOG_NOISE = re.compile(
+    r"\[(IPEngine|KernelNanny)(\.\d+)?\]|^\[Gloo\]|^\s*@\s+0x[0-9a-f]+|^\*\*\* Check failure stack"
+)
 _GLOO_NOTICE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
 FOLDER_PREFIX = "shardlab-cluster-"
 OWNER_FILE = "owner.json"  # {"pid", "started"} of the kernel that made the folder
@@ -59,18 +69,101 @@ class ClusterError(RuntimeError):
         return [f"\x1b[31m{type(self).__name__}\x1b[0m: {self}"]
 
 
-class ProcessDied(ClusterError):
+class ProcessFailed(ClusterError):
+    """A process of the cluster died or hung: the whole cluster is stopped.
+
+    ``at`` is when the kernel noticed (``time.time()``); ``during_cell``, whether a cell was
+    waiting on the cluster then (it raised this error; otherwise the next call does, through
+    :meth:`earlier`).
+    """
+
+    process_id: int
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.at = time.time()
+        self.during_cell = False
+
+    def __copy__(self) -> ProcessFailed:
+        twin = type(self).__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        twin.args = self.args
+        return twin
+
+    def when(self) -> str:
+        return time.strftime("%H:%M:%S", time.localtime(self.at))
+
+    def earlier(self) -> ProcessFailed:
+        """This failure as a later cell is told it: when it happened, and that it is old."""
+        ago = max(0.0, time.time() - self.at)
+        during = "during an earlier cell" if self.during_cell else "while no cell ran on it"
+        twin = copy.copy(self)
+        twin.args = (f"earlier, at {self.when()} ({ago:.0f} s ago, {during}): {self}",)
+        return twin
+
+
+def _consequence_text(consequences: Sequence[tuple[int, int | None]]) -> str:
+    """``; JAX's runtime then aborted process 0 (SIGABRT) as a consequence``."""
+    if not consequences:
+        return ""
+    how = {_exit_text(code) for _, code in consequences}
+    if len(how) == 1:  # processes 0, 2 (killed by SIGABRT)
+        named = ", ".join(str(p) for p, _ in consequences) + how.pop()
+    else:
+        named = ", ".join(f"{p}{_exit_text(code)}" for p, code in consequences)
+    which = "process" if len(consequences) == 1 else "processes"
+    return f"; JAX's runtime then aborted {which} {named} as a consequence"
+
+
+class ProcessDied(ProcessFailed):
     """An engine process exited: the whole cluster is stopped."""
 
-    def __init__(self, process_id: int, exit_code: int | None, log_tail: str = "") -> None:
+    def __init__(
+        self,
+        process_id: int,
+        exit_code: int | None,
+        log_tail: str = "",
+        *,
+        consequences: Sequence[tuple[int, int | None]] = (),
+    ) -> None:
         self.process_id = process_id
         self.exit_code = exit_code
         self.log_tail = log_tail
         how = _exit_text(exit_code)
-        text = f"process {process_id} died{how}; the cluster is stopped; {RESTART_HINT}"
+        text = (
+            f"process {process_id} died{how}{_consequence_text(consequences)}; the cluster is "
+            f"stopped; {RESTART_HINT}"
+        )
         if log_tail:
             text += f"\nlast lines of process {process_id}'s log:\n{log_tail}"
         super().__init__(text)
+
+
+class ProcessHung(ProcessFailed):
+    """An engine stopped answering its heartbeat (stopped, frozen): the cluster is stopped.
+
+    The processes JAX's runtime aborted because of it are ``consequences`` (process id, exit
+    code), not deaths of their own.
+    """
+
+    def __init__(
+        self,
+        process_id: int,
+        pid: int,
+        silent_s: float,
+        *,
+        state: str = "",
+        consequences: Sequence[tuple[int, int | None]] = (),
+    ) -> None:
+        self.process_id = process_id
+        self.pid = pid
+        self.silent_s = silent_s
+        self.consequences = tuple(consequences)
+        why = f" ({state})" if state else ""
+        super().__init__(
+            f"process {process_id} (pid {pid}) hung: it stopped answering for {silent_s:.1f} s"
+            f"{why}{_consequence_text(consequences)}; the cluster is stopped; {RESTART_HINT}"
+        )
 
 
 class CellTimeout(ClusterError):
@@ -155,6 +248,8 @@ class _Engine:
     engine_id: int
     launcher: Any  # ipyparallel's LocalEngineLauncher
     devices: str
+    pid: int = 0
+    heartbeat_port: int = 0  # where it echoes the kernel's pings (worker.start_heartbeat)
 
 
 def free_loopback_port() -> int:
@@ -204,8 +299,8 @@ class LocalCluster:
         n: number of processes.
         devices: each process's device set (:func:`device_sets`).
         init_timeout_s: how long processes wait for each other at start.
-        heartbeat_timeout_s: after how long without heartbeats JAX declares a peer dead
-            (the watcher here is faster for a process that exits; this bounds the rest).
+        heartbeat_timeout_s: after how long without heartbeats JAX declares a peer dead,
+            and the watcher here an engine hung (it is faster for a process that exits).
         engine_timeout_s: how long to wait for the engines to register.
     """
 
@@ -221,7 +316,8 @@ class LocalCluster:
     _engines: list[_Engine] = field(default_factory=list)
     _helpers: list[int] = field(default_factory=list)  # the engines' own children (nannies)
     _profile_dir: str = ""
-    _death: ProcessDied | None = None
+    _death: ProcessFailed | None = None
+    _waiting: int = 0  # calls waiting on the engines now (a cell, a setup, a status)
     _stopping: threading.Event = field(default_factory=threading.Event)
     _watcher: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -308,7 +404,9 @@ class LocalCluster:
         for engine, result in zip(self._engines, results, strict=True):
             remaining = deadline - time.monotonic()
             try:
-                result.get(timeout=max(remaining, 1))
+                joined = result.get(timeout=max(remaining, 1))
+                engine.pid = int(joined["pid"])
+                engine.heartbeat_port = int(joined["heartbeat_port"])
             except Exception as error:
                 raise ClusterError(
                     f"process {engine.process_id} could not join the JAX runtime at "
@@ -393,43 +491,109 @@ class LocalCluster:
 
     # -- health ---------------------------------------------------------------------------
     def _watch(self) -> None:
-        while not self._stopping.wait(POLL_S):
-            for engine in self._engines:
-                code = _exit_code(engine.launcher)
-                if code is not False:
-                    self._died(engine, code)
+        """Every :data:`POLL_S`: which engines exited, and how long each has not answered its
+        heartbeat; :func:`.health.blame` says whether that stops the cluster, and whom."""
+        heartbeats = None
+        if all(e.heartbeat_port for e in self._engines):
+            with contextlib.suppress(Exception):
+                heartbeats = Heartbeats([e.heartbeat_port for e in self._engines])
+        try:
+            while not self._stopping.wait(POLL_S):
+                if heartbeats is not None:
+                    heartbeats.beat()
+                verdict, exits = self._verdict(heartbeats)
+                if verdict is not None:
+                    self._fail(verdict, exits)
                     return
+        finally:
+            if heartbeats is not None:
+                heartbeats.close()
 
-    def _died(self, engine: _Engine, code: int | None) -> None:
+    def _verdict(
+        self, heartbeats: Heartbeats | None
+    ) -> tuple[Verdict | None, dict[int, int | None]]:
+        exits: dict[int, int | None] = {}
+        for index, engine in enumerate(self._engines):
+            code = _exit_code(engine.launcher)
+            if code is not False:
+                exits[index] = None if code is None else int(code)
+        silent = heartbeats.silent_s() if heartbeats is not None else [0.0] * len(self._engines)
+        aborted: set[int] = set()
+        named: set[int] = set()
+        for index in exits:
+            by_jax, names = read_jax_abort(self._log_text(self._engines[index]))
+            if by_jax:
+                aborted.add(index)
+                if exits[index] is None:  # reaped elsewhere; JAX's runtime aborts
+                    exits[index] = -int(signal.SIGABRT)
+            named.update(names)
+        verdict = blame(
+            exits,
+            silent,
+            hang_after_s=self.heartbeat_timeout_s,
+            # a running engine this quiet when another is aborted is why: the runtime aborts
+            # only after a heartbeat timeout, and an answer normally comes within a beat
+            evidence_s=max(2 * POLL_S, min(1.0, self.heartbeat_timeout_s / 4)),
+            aborted_by_jax=frozenset(aborted),
+            named_by_jax=frozenset(i for i in named if i < len(self._engines)) - exits.keys(),
+        )
+        return verdict, exits
+
+    def _fail(self, verdict: Verdict, exits: dict[int, int | None]) -> None:
+        """Records what stopped the cluster and kills what is left of it."""
+        engine = self._engines[verdict.culprit]
+        consequences = [(self._engines[i].process_id, exits[i]) for i in verdict.consequences]
+        error: ProcessFailed
+        if verdict.hung:
+            error = ProcessHung(
+                engine.process_id,
+                engine.pid or (engine.launcher.pid if engine.launcher else 0),
+                verdict.silent_s,
+                state=process_state(engine.pid) if engine.pid else "",
+                consequences=consequences,
+            )
+        else:
+            error = ProcessDied(
+                engine.process_id,
+                exits.get(verdict.culprit),
+                self._log_tail(engine),
+                consequences=consequences,
+            )
         with self._lock:
             if self._death is not None:
                 return
-            self._death = ProcessDied(engine.process_id, code, self._log_tail(engine))
+            error.during_cell = self._waiting > 0
+            self._death = error
         self._stopping.set()
         self._kill_all()
         if self.on_death is not None:
             with contextlib.suppress(Exception):
-                self.on_death(str(self._death).splitlines()[0])
+                self.on_death(str(error).splitlines()[0])
 
     def _check(self) -> None:
-        """Raises what stopped the cluster, if anything did."""
+        """Raises what stopped the cluster, if anything did (saying when: it is older than the
+        call that is told)."""
         if self._death is not None:
-            raise self._death
+            raise self._death.earlier()
         if self._client is None:
             raise ClusterError(f"the cluster is stopped; {RESTART_HINT}")
 
     @property
-    def died(self) -> ProcessDied | None:
+    def died(self) -> ProcessFailed | None:
+        """What stopped the cluster: a process that died or hung (None while it runs)."""
         return self._death
 
-    def _log_tail(self, engine: _Engine, lines: int = 6) -> str:
+    def _log_text(self, engine: _Engine) -> str:
         launcher = engine.launcher
         path = getattr(launcher, "output_file", "") if launcher is not None else ""
         try:
             with open(path, errors="replace") as log:
-                text = log.read()
+                return log.read()
         except OSError:
             return ""
+
+    def _log_tail(self, engine: _Engine, lines: int = 6) -> str:
+        text = self._log_text(engine)
         wanted = [
             line for line in text.splitlines() if line.strip() and not _LOG_NOISE.search(line)
         ]
@@ -468,6 +632,8 @@ class LocalCluster:
     ) -> None:
         started = time.monotonic()
         seen = [0] * len(self._engines)
+        with self._lock:
+            self._waiting += 1
         try:
             while True:
                 done = result.ready()
@@ -513,6 +679,9 @@ class LocalCluster:
                 file=sys.stderr,
             )
             raise
+        finally:
+            with self._lock:
+                self._waiting -= 1
 
     def _emit(
         self, on_stdout: Callable[[int, str], None], i: int, text: str, seen: list[int]
@@ -566,12 +735,16 @@ class LocalCluster:
         """The value of ``name`` in process ``process_id``'s namespace (pickled across)."""
         self._check()
         engine = self._engines[process_id]
-        return self._client[engine.engine_id].pull(name, block=True)
+        pulled = self._client[engine.engine_id].pull(name, block=False)
+        self._wait(pulled, timeout_s=None)  # raises if the process dies or hangs meanwhile
+        return pulled.get()
 
     # -- status ---------------------------------------------------------------------------
     def status(self) -> ClusterStatus:
         if self._death is not None:
-            return ClusterStatus("died", message=str(self._death).splitlines()[0])
+            state = "stopped" if isinstance(self._death, ProcessHung) else "died"
+            first = str(self._death).splitlines()[0]
+            return ClusterStatus(state, message=f"at {self._death.when()}: {first}")
         if self._client is None:
             return ClusterStatus("stopped")
         described = self._view.apply_async(_describe_remote)
@@ -744,6 +917,8 @@ __all__ = [
     "ClusterStatus",
     "LocalCluster",
     "ProcessDied",
+    "ProcessFailed",
+    "ProcessHung",
     "ProcessInfo",
     "ProcessOutput",
     "device_sets",

@@ -7,9 +7,11 @@ module imports JAX only inside its functions, so that the engine can set its dev
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
+import threading
 from typing import Any
 
 # ``XLA_FLAGS`` may carry the notebook's own device count (the kernel launcher pins 8):
@@ -92,6 +94,7 @@ def initialize(
     it to that address only (JAX's default binds every interface). Auto-detection of a batch
     system is off: a local cluster inside a SLURM job must not read the job's variables.
     """
+    heartbeat_port = start_heartbeat()
     set_devices(devices)
     import jax
 
@@ -105,7 +108,32 @@ def initialize(
         heartbeat_timeout_seconds=heartbeat_timeout_s,
     )
     jax.devices()  # the backend starts now, inside the timeouts, not in the first cell
-    return describe()
+    return {**describe(), "heartbeat_port": heartbeat_port}
+
+
+def start_heartbeat() -> int:
+    """Echoes the kernel's pings on a loopback port (returned) from a thread of its own.
+
+    The echo is zmq's proxy of a socket to itself, which runs in C without Python's GIL, so
+    a cell that holds the GIL does not stop it: it stops when the process does (SIGSTOP, a
+    debugger, a frozen process), as JAX's own heartbeat does. The kernel names the engine
+    whose echo stops first (:mod:`.health`).
+    """
+    import zmq
+
+    # a context of its own: the engine's shared one is terminated at its shutdown, which
+    # would wait forever for this socket
+    context = zmq.Context()
+    socket = context.socket(zmq.ROUTER)
+    socket.linger = 0
+    port = socket.bind_to_random_port("tcp://127.0.0.1")
+
+    def echo() -> None:
+        with contextlib.suppress(zmq.ZMQError):  # runs until the process ends
+            zmq.proxy(socket, socket)
+
+    threading.Thread(target=echo, name="shardlab-heartbeat", daemon=True).start()
+    return port
 
 
 def describe() -> dict[str, Any]:

@@ -197,7 +197,9 @@ class ClusterMagics(Magics):
             init_timeout_s=options.init_timeout,
             heartbeat_timeout_s=options.heartbeat_timeout,
         )
-        cluster.on_death = _tell_death
+        # No notice from the watcher thread: printed from there it lands under whichever
+        # cell ran last, or a later one. The cell waiting on the cluster raises the failure;
+        # one that happened while no cell ran is raised, with its time, by the next call.
         status = cluster.start()
         self.current_cluster = cluster
         try:
@@ -350,8 +352,3 @@ def _republish(output: ProcessOutput, prefixed: bool) -> None:
             data=shown.get("data", {}),
             metadata={**(shown.get("metadata") or {}), "shardlab_process": output.process_id},
         )
-
-
-def _tell_death(message: str) -> None:
-    """Said once, from the watcher thread, when an engine died (the next cell raises it)."""
-    print(f"[shardlab] {message}", file=sys.stderr, flush=True)
