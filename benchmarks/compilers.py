@@ -44,24 +44,24 @@ def _meshes() -> Iterator[tuple[str, Any, list[dict[str, int]]]]:
             file=sys.stderr,
         )
         return
-    yield "XLA:GPU", shardlab.target("h100", hosts=1), [{"data": 8}, {"data": 2, "model": 4}]
-    yield "XLA:GPU", shardlab.target("h100", hosts=8), [{"data": 64}, {"data": 8, "model": 8}]
-    yield (
-        "XLA:TPU",
-        shardlab.target("tpu-v5e", topology="2x4"),
-        [
-            {"data": 8},
-            {"data": 2, "model": 4},
-        ],
-    )
-    yield (
-        "XLA:TPU",
-        shardlab.target("tpu-v5e", topology="8x8"),
-        [
-            {"data": 64},
-            {"data": 8, "model": 8},
-        ],
-    )
+    small = [{"data": 8}, {"data": 2, "model": 4}]
+    medium = [{"data": 64}, {"data": 8, "model": 8}]
+    # 256 devices: the GPT's batch of 64 cannot split 256 ways, so two 2-D meshes
+    large = [{"data": 64, "model": 4}, {"data": 32, "model": 8}]
+    yield "XLA:GPU", shardlab.target("h100", hosts=1), small
+    yield "XLA:GPU", shardlab.target("h100", hosts=8), medium
+    yield "XLA:GPU", shardlab.target("h100", hosts=32), large
+    yield "XLA:TPU", shardlab.target("tpu-v5e", topology="2x4"), small
+    yield "XLA:TPU", shardlab.target("tpu-v5e", topology="8x8"), medium
+    yield "XLA:TPU", shardlab.target("tpu-v5e", topology="16x16"), large
+    yield "XLA:TPU", shardlab.target("tpu-v5p", topology="2x2x2"), small
+    yield "XLA:TPU", shardlab.target("tpu-v5p", topology="4x4x4"), medium
+    yield "XLA:TPU", shardlab.target("tpu-v5p", topology="4x8x8"), large
+
+
+def _chip(devices: Any) -> str:
+    """The target's kind (``h100``, ``tpu-v5p``); '' for CPU devices."""
+    return str(getattr(devices, "kind", ""))
 
 
 def _cases(dtype: str) -> list[tuple[str, Any, tuple[Any, ...]]]:
@@ -95,6 +95,7 @@ def rows(cached: bool = False) -> list[dict[str, Any]]:
             cache = json.load(handle)
     out = []
     for compiler, devices, shapes in _meshes():
+        chip = _chip(devices)
         for shape in shapes:
             mesh = shardlab.mesh(shape, devices=devices)
             size = " × ".join(f"{k}={v}" for k, v in shape.items())
@@ -105,6 +106,8 @@ def rows(cached: bool = False) -> list[dict[str, Any]]:
                         if strategy == "replicated":
                             continue
                         key = f"{compiler}|{size}|{dtype}|{name}|{strategy}"
+                        if chip not in ("", "h100", "tpu-v5e"):  # rows before v5p and 256
+                            key = f"{compiler} {chip}|{size}|{dtype}|{name}|{strategy}"
                         if not (cached and key in cache):
                             start = time.perf_counter()
                             report = shardlab.analyze(
@@ -129,6 +132,7 @@ def rows(cached: bool = False) -> list[dict[str, Any]]:
                         out.append(
                             {
                                 "compiler": compiler,
+                                "chip": chip or "cpu",
                                 "mesh": size,
                                 "devices": len(mesh.devices.flat),
                                 "dtype": dtype,
@@ -159,9 +163,11 @@ def table(found: list[dict[str, Any]]) -> str:
         "Every baseline (data parallel, ZeRO, Megatron and their mixes) of an MLP train step "
         "(batch 2048, width 512) and a 2-layer GPT train step (d 256, batch 64 × 64), "
         "predicted by the mesh's profile and compiled by its compiler (GPU and TPU "
-        "deviceless, over `shardlab.target`). A match: communication within 5%, memory "
-        "within 10%. Re-price from the cached compiled figures: "
-        "`python -m benchmarks.compilers --cached`.",
+        "deviceless, over `shardlab.target`: H100 hosts of 8, 64 and 256 GPUs, TPU v5e and "
+        "v5p slices of 8, 64 and 256 chips). A match: communication within 5%, memory "
+        "within 10%. Re-price from the cached compiled figures in seconds: "
+        "`python -m benchmarks.compilers --cached` (`tools/compiler_fidelity.py` prints each "
+        "miss by collective kind).",
         "",
         "| compiler | dtype | communication within 5% | memory within 10% |",
         "|---|---|---|---|",
@@ -175,10 +181,24 @@ def table(found: list[dict[str, Any]]) -> str:
         lines.append(f"| {compiler} | {dtype} | {comm} / {len(rs)} | {mem} / {len(rs)} |")
     lines += [
         "",
+        "By chip and size (both dtypes):",
+        "",
+        "| compiler | chip | devices | communication within 5% | memory within 10% |",
+        "|---|---|---|---|---|",
+    ]
+    sized: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for row in found:
+        sized.setdefault((row["compiler"], row["chip"], row["devices"]), []).append(row)
+    for (compiler, chip, n), rs in sized.items():
+        comm = sum(abs(_ratio(r["comm"], r["compiled_comm"]) - 1) <= 0.05 for r in rs)
+        mem = sum(abs(_ratio(r["memory"], r["compiled_memory"]) - 1) <= 0.10 for r in rs)
+        lines.append(f"| {compiler} | {chip} | {n} | {comm} / {len(rs)} | {mem} / {len(rs)} |")
+    lines += [
+        "",
         "<details><summary>every row (predicted ÷ compiled)</summary>",
         "",
-        "| compiler | mesh | dtype | model | strategy | comm | memory |",
-        "|---|---|---|---|---|---|---|",
+        "| compiler | chip | mesh | dtype | model | strategy | comm | memory |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in found:
         c = _ratio(r["comm"], r["compiled_comm"])
@@ -186,7 +206,7 @@ def table(found: list[dict[str, Any]]) -> str:
         flag_c = "" if abs(c - 1) <= 0.05 else " ✗"
         flag_m = "" if abs(m - 1) <= 0.10 else " ✗"
         lines.append(
-            f"| {r['compiler']} | {r['mesh']} | {r['dtype']} | {r['model']} | "
+            f"| {r['compiler']} | {r['chip']} | {r['mesh']} | {r['dtype']} | {r['model']} | "
             f"{r['strategy']} | {c:.2f}{flag_c} | {m:.2f}{flag_m} |"
         )
     lines += ["", "</details>"]

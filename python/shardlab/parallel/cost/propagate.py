@@ -170,6 +170,12 @@ class _Propagator:
         group = math.prod(self.sizes[a] for a in axes)
         full = L.local_bytes(nbytes, dims, self.sizes)
         scatter = tuple(a for a in axes if target and any(a in t for t in target))
+        if scatter and self._slices_other_axes(dims, axes, target):
+            # All-reduce then a dynamic slice that also splits over axes the sum was not
+            # taken over (a ZeRO split over data × model of a gradient summed over data):
+            # XLA's ReduceScatterCreator needs the slice's offsets to come from the reduced
+            # group alone, so the all-reduce stays whole and each device slices.
+            scatter = ()
         if scatter and self.profile.compiler.forms_reduce_scatter:
             rest = tuple(a for a in axes if a not in scatter)
             if rest:
@@ -192,6 +198,17 @@ class _Propagator:
             self.lay[var] = target
         else:
             self.emit("all-reduce", full, group, axes)
+
+    @staticmethod
+    def _slices_other_axes(
+        dims: L.DimAxes, axes: tuple[str, ...], target: L.DimAxes | None
+    ) -> bool:
+        """Whether ``target`` splits a dimension over a reduced axis and, beside it, over an
+        axis the value was neither reduced over nor split over there already."""
+        for d, t in zip(dims, target or (), strict=False):
+            if any(a in axes for a in t) and any(a not in axes and a not in d for a in t):
+                return True
+        return False
 
     def _split_elsewhere(
         self,
