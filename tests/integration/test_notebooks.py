@@ -94,7 +94,7 @@ def test_eager_vs_compiled_notebook_shows_its_story(executed_notebook):
         return shown(cell)
 
     assert "__sl__.if_stmt" in after("shardlab.converted(loss)")  # the loss converted
-    assert "agree on all 5 output(s)" in after("%%compare\ngrads")  # the whole step agrees
+    assert "agree on all 5 outputs" in after("%%compare\ngrads")  # the whole step agrees
     assert "graph step: loss" in after("%%graph")
     assert "Python differs when traced" in after("%%compare\nl = jittery")
     assert "no equation diverges" in after("shardlab.bisect(jittery_loss")

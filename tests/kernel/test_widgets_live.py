@@ -23,7 +23,7 @@ def test_watch_refreshes_only_when_the_name_is_rebound(kernel):
     shown = kernel.ok("w = shardlab.watch('x', 'later')\nw")
     first = next(d for d in shown.displays if display_id(d))
     ident = display_id(first)
-    assert "P('data',)" in first["data"]["text/plain"]
+    assert "float32[8@data,16] P('data')" in first["data"]["text/plain"]
     assert "later: not defined yet" in first["data"]["text/plain"]
     assert "sl-watch" in first["data"]["text/html"]
     unchanged = kernel.ok("y = 1")

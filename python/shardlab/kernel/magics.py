@@ -76,7 +76,7 @@ class ShardlabMagics(Magics):
             print("last cells:")
             for item in history[-10:]:
                 print(
-                    f"  [{item.execution_count}] {item.mode:<5} (from {item.source:<8}) "
+                    f"  [{item.execution_count}] {item.mode:<5} {f'(from {item.source})':<15} "
                     f"{item.duration_s * 1e3:9.1f} ms"
                     + (f"  {conversions_text(item.conversions)}" if item.conversions else "")
                 )

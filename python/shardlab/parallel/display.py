@@ -19,14 +19,18 @@ from typing import Any
 
 from shardlab._core.units import human_bytes, human_time
 from shardlab._core.views import view_for
+from shardlab._core.wording import human_flops, plural, ratio_text
 
 __all__ = [
     "PlanTable",
     "function_name",
     "html_of",
     "human_bytes",
+    "human_flops",
     "human_time",
     "mesh_text",
+    "plural",
+    "ratio_text",
 ]
 
 
@@ -83,6 +87,8 @@ class PlanTable:
         rows: one tuple of cell texts per row.
         notes: lines under the table.
         omitted: rows left out by ``limit``.
+        nowrap: columns of specs: in HTML never broken inside a spec, and ``"; "``-separated
+            entries one per line (a ``P(None, 'model')`` wrapped over lines is unreadable).
     """
 
     title: str
@@ -90,6 +96,7 @@ class PlanTable:
     rows: tuple[tuple[str, ...], ...]
     notes: tuple[str, ...] = ()
     omitted: int = 0
+    nowrap: tuple[int, ...] = ()
 
     def text(self) -> str:
         widths = [len(h) for h in self.headers]
@@ -119,11 +126,21 @@ class PlanTable:
     def __contains__(self, item: str) -> bool:
         return item in self.text()
 
+    def cell_html(self, column: int, text: str) -> str:
+        """One ``<td>``: spec columns unbroken, their entries one per line."""
+        if column not in self.nowrap:
+            return f"<td style='text-align:left'>{html.escape(text)}</td>"
+        lines = "<br>".join(
+            f"<span style='white-space:nowrap'>{html.escape(part)}</span>"
+            for part in text.split("; ")
+        )
+        return f"<td style='text-align:left;vertical-align:top'>{lines}</td>"
+
     def _repr_html_(self) -> str:
         esc = html.escape
         head = "".join(f"<th style='text-align:left'>{esc(h)}</th>" for h in self.headers)
         body = "".join(
-            "<tr>" + "".join(f"<td style='text-align:left'>{esc(c)}</td>" for c in r) + "</tr>"
+            "<tr>" + "".join(self.cell_html(i, c) for i, c in enumerate(r)) + "</tr>"
             for r in self.rows
         )
         more = (
@@ -146,10 +163,11 @@ def _per_kind(comm_bytes: dict[str, float]) -> str:
 def report_text(report: Any) -> str:
     """``Report(...)`` in one line: collectives, wire bytes per kind, memory, flops."""
     return (
-        f"Report(compiled on {mesh_text(report.mesh_shape)}: {len(report.collectives)} "
-        f"collectives, {human_bytes(report.total_comm_bytes)} on the wire per device "
+        f"Report(compiled on {mesh_text(report.mesh_shape)}: "
+        f"{plural(len(report.collectives), 'collective')}, "
+        f"{human_bytes(report.total_comm_bytes)} on the wire per device "
         f"({_per_kind(report.comm_bytes)}); memory {human_bytes(report.memory.total)} per "
-        f"device; {report.flops / 1e9:.3g} GFLOP per device)"
+        f"device; {human_flops(report.flops)} per device)"
     )
 
 

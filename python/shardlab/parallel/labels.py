@@ -10,6 +10,7 @@ everywhere: ``_core/source.py``, re-exported here for the views.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from shardlab._core.source import is_own_file, source_label
 
@@ -20,6 +21,8 @@ __all__ = [
     "layer_of",
     "path_label",
     "source_label",
+    "spec_label",
+    "typed_shape",
 ]
 
 COMPILER_INSERTED = "(compiler-inserted)"
@@ -65,3 +68,51 @@ def group_label(path: str) -> str:
         return path_label(path)
     prefix, _, rest = found
     return path_label(f"{prefix}/*/{rest}")
+
+
+def _entry(entry: Any) -> str:
+    if entry is None or entry == ():
+        return "None"
+    if isinstance(entry, str):
+        return repr(entry)
+    if isinstance(entry, (tuple, list)):
+        names = [str(a) for a in entry]
+        return repr(names[0]) if len(names) == 1 else "(" + ", ".join(map(repr, names)) + ")"
+    return str(entry)  # P.UNCONSTRAINED and the like
+
+
+def spec_label(spec: Any) -> str:
+    """A layout as users write it: ``P('data')``, ``P(('data', 'model'))``,
+    ``P('data', None)``, ``P()`` — not JAX's ``P('data',)``.
+
+    ``spec`` is a ``PartitionSpec``, a ``NamedSharding`` (its spec), per-dimension mesh axes
+    (``(('data',), ())``, kept as long as given), or the text of a spec (JAX's one-entry
+    ``P('data',)`` loses its comma).
+    """
+    if isinstance(spec, str):
+        text = spec.strip()
+        if text.startswith(("P(", "PartitionSpec(")) and text.endswith(",)"):
+            text = text[:-2] + ")"
+        return "P(" + text.split("(", 1)[1] if text.startswith("PartitionSpec(") else text
+    spec = getattr(spec, "spec", spec)
+    if spec is None:
+        return "P()"
+    return "P(" + ", ".join(_entry(e) for e in tuple(spec)) + ")"
+
+
+def typed_shape(dtype: Any, shape: Any, dim_axes: Any = ()) -> str:
+    """JAX's type notation of a sharded array: ``float32[8@data,256]``,
+    ``float32[64@(data,model),16]`` (a dimension split over mesh axes carries them after
+    ``@``; ``jax.typeof`` prints explicit shardings this way)."""
+    dims = []
+    axes = list(dim_axes) + [()] * (len(shape) - len(tuple(dim_axes)))
+    for size, entry in zip(shape, axes, strict=False):
+        names = (entry,) if isinstance(entry, str) else tuple(entry or ())
+        if not names:
+            dims.append(str(size))
+        elif len(names) == 1:
+            dims.append(f"{size}@{names[0]}")
+        else:
+            dims.append(f"{size}@({','.join(map(str, names))})")
+    name = getattr(dtype, "name", None) or str(dtype)
+    return f"{name}[{','.join(dims)}]"

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from shardlab.parallel.display import cost_text, html_of, report_text
+from shardlab.parallel.labels import spec_label
 
 COLLECTIVE_KINDS = (
     "all-reduce",
@@ -171,15 +172,8 @@ class Layout(_Record):
 
     @property
     def spec(self) -> str:
-        parts = []
-        for axes in self.dim_axes:
-            if not axes:
-                parts.append("None")
-            elif len(axes) == 1:
-                parts.append(repr(axes[0]))
-            else:
-                parts.append("(" + ", ".join(repr(a) for a in axes) + ")")
-        return "P(" + ", ".join(parts) + ")"
+        """``P('data', None)``: one entry per dimension, as users write it."""
+        return spec_label(self.dim_axes)
 
 
 @dataclasses.dataclass(frozen=True)

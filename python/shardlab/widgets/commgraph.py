@@ -17,6 +17,7 @@ from typing import Any
 
 from shardlab._core.units import human_time
 from shardlab._core.views import register_view
+from shardlab.parallel.display import plural
 from shardlab.parallel.plan.plan import Plan
 from shardlab.parallel.records import COLLECTIVE_KINDS, Collective, CostBreakdown, Report
 from shardlab.parallel.targets.target import placement_note
@@ -105,7 +106,9 @@ class CommGraphView(View):
             if record is None:
                 continue
             total = sum(c.wire_bytes * c.count for c in record.collectives)
-            lines.append(f"{label}: {len(record.collectives)} collectives, {total:,.0f} wire bytes")
+            lines.append(
+                f"{label}: {plural(len(record.collectives), 'collective')}, {total:,.0f} wire bytes"
+            )
             for (kind, axes), (count, nbytes, wire) in sorted(_summary(record.collectives).items()):
                 lines.append(
                     f"  {kind:<18} over {axes:<12} ×{count:<4.0f} {nbytes:>12,.0f} B "
@@ -127,7 +130,7 @@ class CommGraphView(View):
             return f"<div class='sl-note'>{esc(label)}: no collectives</div>"
         if len(collectives) > MAX_STRIP:
             return (
-                f"<div class='sl-note sl-summary'>{esc(label)}: {len(collectives)} collectives, "
+                f"<div class='sl-note sl-summary'>{esc(label)}: {plural(len(collectives), 'collective')}, "
                 f"more than the {MAX_STRIP} the strip draws one by one; see the tables.</div>"
             )
         peak = max(c.bytes for c in collectives) or 1

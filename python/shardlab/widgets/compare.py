@@ -83,9 +83,10 @@ def compare_html(report: CompareReport) -> str:
 
 def bisect_html(report: BisectReport) -> str:
     """The bisect record: the equation found, its line, the numbers and the prefixes tried."""
-    parts = [f"<div>{_badge(report.summary(), not report.found)}</div>"]
+    parts = [f"<div>{_badge(report.summary(), report.fine)}</div>"]
     if report.failure is not None:
         parts.append(f"<div class='sl-error'>{esc(report.failure.text())}</div>")
+    parts += [f"<div class='sl-finding'>{esc(f)}</div>" for f in report.findings()]
     if report.found:
         d = report.difference
         rows = [
@@ -112,7 +113,7 @@ def bisect_html(report: BisectReport) -> str:
     if report.steps:
         tried = ", ".join(f"#{s.index} {'≠' if s.diverged else '='}" for s in report.steps)
         parts.append(f"<div class='sl-note'>prefixes compiled: {esc(tried)}</div>")
-    return panel("sl-bisect", "".join(parts), title="first diverging equation")
+    return panel("sl-bisect", "".join(parts), title=report.title)
 
 
 register_view("compare", compare_html)

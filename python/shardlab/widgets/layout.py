@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from shardlab.parallel.compiled.tiles import TileMap, tile_map, tile_map_of
+from shardlab.parallel.labels import spec_label, typed_shape
 from shardlab.parallel.specs import ShardingSpecError
 from shardlab.widgets._base.html import View, color, error_html, esc, fmt_bytes, panel
 
@@ -218,8 +219,8 @@ class LayoutView(View):
             return f"layout error: {self.error}"
         r = self.record
         lines = [
-            f"{self.name + ': ' if self.name else ''}{r.dtype}{list(r.shape)} {r.spec} on mesh "
-            + " × ".join(f"{n}={s}" for n, s in r.mesh_axes),
+            f"{self.name + ': ' if self.name else ''}{typed_shape(r.dtype, r.shape, r.dim_axes)} "
+            f"{spec_label(r.spec)} on mesh " + " × ".join(f"{n}={s}" for n, s in r.mesh_axes),
             f"shard {list(r.shard_shape)} = {fmt_bytes(r.shard_bytes)} per device; "
             f"{len(r.tiles)} distinct tile(s)",
         ]
@@ -256,8 +257,9 @@ class LayoutView(View):
         else:
             replicated = "no replication: every device holds a different tile"
         head = (
-            f"<div>{esc(self.name + ': ' if self.name else '')}<code>{esc(r.dtype)}"
-            f"{esc(list(r.shape))}</code> <code>{esc(r.spec)}</code> — shard "
+            f"<div>{esc(self.name + ': ' if self.name else '')}"
+            f"<code>{esc(typed_shape(r.dtype, r.shape, r.dim_axes))}</code> "
+            f"<code>{esc(spec_label(r.spec))}</code> — shard "
             f"<code>{esc(list(r.shard_shape))}</code>, {fmt_bytes(r.shard_bytes)} per device "
             f"(total {fmt_bytes(r.total_bytes)})</div><div class='sl-note'>{replicated}</div>"
             + (f"<div class='sl-note sl-placement'>{esc(r.placement)}</div>" if r.placement else "")

@@ -11,7 +11,7 @@ from typing import Any
 
 from shardlab._core.views import register_view
 from shardlab.parallel.cost.profiles import describe_profile
-from shardlab.parallel.display import mesh_text
+from shardlab.parallel.display import human_flops, mesh_text, plural
 from shardlab.parallel.labels import group_label, path_label
 from shardlab.parallel.records import COLLECTIVE_KINDS, CostBreakdown, Report
 from shardlab.widgets._base.html import (
@@ -116,12 +116,21 @@ def plan_html(plan: Any) -> str:
         + table(["input", "shape", "spec", "layers"], inputs, left=3)
         + "</details>",
     ]
-    if plan.rows:
-        decisions = plan.table(limit=40)
+    decisions = plan.table(limit=40)
+    if decisions.rows:
+        what = (
+            f"decisions: {len(plan.rows)} operations, most expensive first"
+            if plan.rows
+            else f"{plan.method}: its collectives and layouts (a fixed strategy, no search)"
+        )
+        rows = "".join(
+            "<tr>" + "".join(decisions.cell_html(i, c) for i, c in enumerate(r)) + "</tr>"
+            for r in decisions.rows
+        )
+        head = "".join(f"<th style='text-align:left'>{esc(h)}</th>" for h in decisions.headers)
         parts.append(
-            f"<details class='sl-decisions'><summary>decisions: {len(plan.rows)} operations, "
-            "most expensive first</summary>"
-            + table(list(decisions.headers), [list(r) for r in decisions.rows], left=3)
+            f"<details class='sl-decisions'><summary>{esc(what)}</summary>"
+            f"<table><tr>{head}</tr>{rows}</table>"
             + (
                 f"<div class='sl-note'>… {decisions.omitted} more</div>"
                 if decisions.omitted
@@ -146,7 +155,7 @@ def report_html(report: Report) -> str:
             ("mesh", esc(mesh_text(report.mesh_shape))),
             (
                 "communication",
-                f"{len(report.collectives)} collectives, {fmt_bytes(report.total_comm_bytes)} "
+                f"{plural(len(report.collectives), 'collective')}, {fmt_bytes(report.total_comm_bytes)} "
                 f"per device on the wire: {_kinds(report.comm_bytes)}",
             ),
             (
@@ -155,7 +164,7 @@ def report_html(report: Report) -> str:
                 f"outputs {fmt_bytes(memory.output)}, aliased {fmt_bytes(memory.alias)}, "
                 f"temporaries {fmt_bytes(memory.temp)})",
             ),
-            ("compute", f"{report.flops / 1e9:.3g} GFLOP per device"),
+            ("compute", f"{human_flops(report.flops)} per device"),
         ]
     )
     by_source: dict[tuple[str, str, tuple[str, ...]], list[float]] = {}

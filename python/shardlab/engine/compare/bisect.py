@@ -39,6 +39,7 @@ from jax.extend import core as jex_core
 from shardlab._core.source import equation_source
 from shardlab._core.trees import dynamic_part
 from shardlab._core.views import view_for
+from shardlab._core.wording import plural
 from shardlab.engine.compare import evaluate as jaxpr_eval
 from shardlab.engine.compare.numerics import Difference, Tolerance, difference, fmt
 from shardlab.engine.compare.run import TraceFailure, trace_failure
@@ -92,19 +93,49 @@ class BisectReport:
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "found": self.found}
 
+    @property
+    def fine(self) -> bool:
+        """Nothing to fix: no equation diverges and the Python computes what was traced."""
+        return self.failure is None and not self.found and not self.python_differs
+
+    @property
+    def title(self) -> str:
+        """The heading of its views: what was found (not "first diverging equation" when
+        none diverges)."""
+        if self.failure is not None:
+            return "bisect: the function does not trace"
+        if self.found:
+            return "first diverging equation"
+        if self.python_differs:
+            return "no diverging equation: the Python differs from its trace"
+        return "no diverging equation"
+
     def summary(self) -> str:
         if self.failure is not None:
             return f"bisect {self.name}: the function does not trace, so nothing compiles"
+        counted = f"{plural(self.equations, 'equation')}, {plural(self.compiles, 'compile')}"
+        if not self.found and self.python_differs:
+            return (
+                f"bisect {self.name}: no equation diverges: compiled and eager agree on the "
+                f"traced program, but not with the Python that was traced ({counted})"
+            )
         if not self.found:
             return (
                 f"bisect {self.name}: no equation diverges: compiled and eager agree on every "
-                f"output within tolerance ({self.equations} equations, {self.compiles} compile)"
+                f"output within tolerance ({counted})"
             )
         where = f" at {self.source}" if self.source else ""
         return (
             f"bisect {self.name}: first divergence at equation #{self.index} of "
-            f"{self.equations}, `{self.primitive}`{where} ({self.compiles} compiles)"
+            f"{self.equations}, `{self.primitive}`{where} ({plural(self.compiles, 'compile')})"
         )
+
+    def findings(self) -> tuple[str, ...]:
+        """What the summary means, in sentences: the text form and the HTML view both show
+        these, so neither reads as "all fine" where the other warns."""
+        if self.failure is None and not self.found and self.python_differs:
+            return (PYTHON_DIFFERS,)
+        return ()
 
     def text(self) -> str:
         lines = [self.summary()]
@@ -135,8 +166,7 @@ class BisectReport:
             if self.inputs_max_abs is not None:
                 lines.append(f"  inputs, compiled vs eager: max |c−e| {fmt(self.inputs_max_abs)}")
             lines.append(f"  cause: {self.cause} — {self.explanation}")
-        elif self.failure is None and self.python_differs:
-            lines.append(_PYTHON_DIFFERS)
+        lines.extend(f"  {finding}" for finding in self.findings())
         lines.extend(f"note: {n}" for n in self.notes)
         if self.steps:
             tried = ", ".join(f"#{s.index} {'≠' if s.diverged else '='}" for s in self.steps)
@@ -151,8 +181,8 @@ class BisectReport:
         return viewer(self) if viewer is not None else None
 
 
-_PYTHON_DIFFERS = (
-    "  but the eager Python computes something else than the traced program: Python that "
+PYTHON_DIFFERS = (
+    "The eager Python computes something else than the traced program: Python that "
     "runs once at trace time (a side effect, global state, np.random, time) made the "
     "difference, not an operation. Pass such values in as arguments (a PRNG key, a step "
     "counter) or compute them with jax.numpy."
@@ -258,7 +288,7 @@ def bisect(
             "in the whole compiled program"
         )
     if python_differs:
-        notes.append(_PYTHON_DIFFERS.strip())
+        notes.append(PYTHON_DIFFERS)
     label, line = equation_source(jaxpr.eqns[found])
     eqn = jaxpr.eqns[found]
     text = str(eqn)

@@ -30,6 +30,7 @@ import numpy as np
 from shardlab._core.source import user_frame_of_exception
 from shardlab._core.trees import dynamic_part, is_array
 from shardlab._core.views import view_for
+from shardlab._core.wording import plural
 from shardlab.engine.compare import evaluate as jaxpr_eval
 from shardlab.engine.compare.numerics import Difference, Tolerance, difference, fmt
 
@@ -116,13 +117,21 @@ class CompareReport:
             return f"compare {self.name}: graph mode cannot stage this cell, so it cannot compile"
         if self.failure is not None:
             return f"compare {self.name}: the program does not trace, so it cannot compile"
-        failing = [leaf.label for leaf in self.leaves if not leaf.passed]
-        differing = [leaf.label for leaf in self.leaves if not leaf.difference.agree]
-        count = f"{len(self.leaves)} output(s)"
+        named = [("the output" if leaf.label == "output" else leaf.label) for leaf in self.leaves]
+        failing = [n for n, leaf in zip(named, self.leaves, strict=True) if not leaf.passed]
+        differing = [
+            n for n, leaf in zip(named, self.leaves, strict=True) if not leaf.difference.agree
+        ]
+        count = plural(len(self.leaves), "output")
         if failing:
+            if len(self.leaves) == 1:
+                return f"compare {self.name}: FAIL: {failing[0]} differs"
             return f"compare {self.name}: FAIL on {', '.join(failing)} of {count}"
         if differing:
-            return f"compare {self.name}: pass; {', '.join(differing)} differ within the rule"
+            verb = "differs" if len(differing) == 1 else "differ"
+            return f"compare {self.name}: pass; {', '.join(differing)} {verb} within the rule"
+        if len(self.leaves) == 1:
+            return f"compare {self.name}: pass; eager and compiled agree on the output"
         return f"compare {self.name}: pass; eager and compiled agree on all {count}"
 
     def text(self) -> str:

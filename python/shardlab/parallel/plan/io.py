@@ -625,7 +625,7 @@ def spec_code(dim_axes: Any, where: str) -> str:
         )
     while entries and entries[-1] == "None":
         entries.pop()
-    return f"P({', '.join(entries)}{',' if len(entries) == 1 else ''})"
+    return f"P({', '.join(entries)})"  # P('data') as users write it (the same spec as P('data',))
 
 
 def _int_code(v: Any, where: str) -> str:

@@ -40,6 +40,15 @@ from shardlab.parallel.graph.trace import Traced, trace
 from shardlab.parallel.labels import path_label, source_label
 from shardlab.parallel.mesh import mesh_shape_of
 from shardlab.parallel.plan.binding import Binding, checked_binding
+from shardlab.parallel.plan.code import (
+    TEMPLATE_NAMES,
+    PlanCode,
+    Spec,
+    argument_names,
+    literal,
+    structural_lines,
+    tree_of,
+)
 from shardlab.parallel.plan.io import (
     FORMAT,
     comment,
@@ -52,6 +61,7 @@ from shardlab.parallel.plan.io import (
 )
 from shardlab.parallel.plan.pipeline import pipeline_runners
 from shardlab.parallel.plan.remat import remat_runners
+from shardlab.parallel.plan.table import plan_table
 from shardlab.parallel.records import (
     CostBreakdown,
     PipelineSpec,
@@ -356,26 +366,14 @@ class Plan(_Record):
         return html_of("plan", self)
 
     def table(self, limit: int | None = 40) -> PlanTable:
-        """Per operation: the chosen split, its cost and the alternatives considered, most
-        expensive first. Renders as an HTML table in a notebook, aligned text when printed."""
-        rows = sorted(self.rows, key=lambda r: -r.cost)
-        shown = rows[:limit] if limit else rows
-        cells = []
-        for r in shown:
-            where = path_label(r.where) if r.op == "input" else source_label(r.where)
-            alts = ", ".join(f"{a} {c * 1e6:.2f}" for a, c in r.alternatives) or "-"
-            cells.append((r.op, where, r.chosen, f"{r.cost * 1e6:.2f}", alts))
-        if not self.rows:
-            cells.append(("-", "-", "fixed strategy (no search)", "-", "-"))
-        return PlanTable(
-            title=f"plan {self.summary()}",
-            headers=("op", "where", "chosen", "cost (µs)", "alternatives (µs)"),
-            rows=tuple(cells),
-            notes=self.notes,
-            omitted=len(rows) - len(shown),
-        )
+        """Per operation: the chosen split, its cost, the alternatives considered and why a
+        costlier one was taken, most expensive first; ops that only follow their operands
+        folded per line; a plan made without a search lists its layouts and collectives
+        (``plan/table.py``). Renders as an HTML table in a notebook, aligned text when
+        printed."""
+        return plan_table(self, limit)
 
-    def to_code(self, *, name: str | None = None) -> str:
+    def to_code(self, *, name: str | None = None) -> PlanCode:
         """A complete snippet that jits the function with the plan's shardings, ready to
         paste.
 
@@ -383,6 +381,12 @@ class Plan(_Record):
         to the traced function), ``name`` if given, else ``fn`` with a comment saying so.
         Intermediate constraints the plan relies on are listed as comments by source line
         (``plan.jit()`` applies them).
+
+        It runs in a fresh namespace: argument trees of dicts, lists, tuples and importable
+        named tuples (optax states) are written out with their imports; trees of modules or
+        states (equinox, flax nnx) take their structure from the arguments, bound by the
+        function's parameter names (``plan/code.py``). The result is a ``str`` that a
+        notebook shows as a code block.
 
         Nothing is copied into it unescaped (``io.py``): axis names are string literals or,
         as ``shardlab.mesh`` keywords, checked identifiers (else the dict form
@@ -392,16 +396,11 @@ class Plan(_Record):
         loaded or built in memory.
         """
         in_leaves = [
-            _Code(spec_code(s, f"input_specs[{i}]")) for i, s in enumerate(self.input_specs)
+            Spec(spec_code(s, f"input_specs[{i}]")) for i, s in enumerate(self.input_specs)
         ]
         out_leaves = [
-            _Code(spec_code(s, f"output_specs[{i}]")) for i, s in enumerate(self.output_specs)
+            Spec(spec_code(s, f"output_specs[{i}]")) for i, s in enumerate(self.output_specs)
         ]
-        if self.binding is not None:
-            ins: Any = jax.tree_util.tree_unflatten(self.binding.in_tree, in_leaves)
-            outs: Any = jax.tree_util.tree_unflatten(self.binding.out_tree, out_leaves)
-        else:
-            ins, outs = tuple(in_leaves), tuple(out_leaves)
         fn_name = (
             name
             if name is not None
@@ -411,8 +410,18 @@ class Plan(_Record):
             fn_name.isascii() and fn_name.isidentifier() and not keyword.iskeyword(fn_name)
         ):
             raise SearchError(f"to_code(name=...): {short(fn_name)} is not a Python identifier")
-        if fn_name in _TEMPLATE_NAMES:
+        if fn_name in TEMPLATE_NAMES:
             fn_name = None
+        imports: set[str] = set()
+        if self.binding is not None:
+            ins = literal(tree_of(self.binding.in_tree, in_leaves), imports)
+            outs = literal(tree_of(self.binding.out_tree, out_leaves), imports)
+        else:  # a loaded plan: the flat leaves
+            ins, outs = literal(tuple(in_leaves), imports), literal(tuple(out_leaves), imports)
+        if fn_name is not None and any(m.split(".")[0] == fn_name for m in imports):
+            ins = outs = None  # ``import optax`` would shadow a function named optax
+        structural = ins is None or outs is None
+        statics = structural and self._has_statics()
         lines = [
             "# "
             + comment(
@@ -420,6 +429,8 @@ class Plan(_Record):
                 f"{human_bytes(self.cost.memory.peak)} per device"
             ),
             "import jax",
+            *([] if structural else [f"import {m}" for m in sorted(imports)]),
+            *(["import equinox as eqx"] if statics else []),
             "import shardlab",
             "from jax.sharding import NamedSharding, PartitionSpec as P",
             "",
@@ -427,26 +438,39 @@ class Plan(_Record):
             *self._placement_comment(),
             "",
             "",
-            "def _named(tree):",
-            "    return jax.tree.map(",
-            "        lambda s: NamedSharding(mesh, s), tree, is_leaf=lambda s: isinstance(s, P)",
-            "    )",
-            "",
-            "",
-            f"in_shardings = _named({_pretty(ins, 0)})",
-            f"out_shardings = _named({_pretty(outs, 0)})",
         ]
         if fn_name is None:
             lines += [
                 "# fn: the function this plan was made for. It was passed as an expression",
                 "# (e.g. jax.grad(loss)) or is not a global, so bind it first: fn = ...",
             ]
-        lines.append(
-            f"step = jax.jit({fn_name or 'fn'}, in_shardings=in_shardings, "
-            "out_shardings=out_shardings)"
-        )
+        if structural:
+            assert self.binding is not None  # a loaded plan's flat tuples are literals
+            names = argument_names(self.binding.traced.fn, len(self.binding.args))
+            lines += structural_lines(
+                fn_name or "fn", names, in_leaves, out_leaves, statics=statics
+            )
+        else:
+            lines += [
+                "def _named(tree):",
+                "    return jax.tree.map(",
+                "        lambda s: NamedSharding(mesh, s), tree, is_leaf=lambda s: isinstance(s, P)",
+                "    )",
+                "",
+                "",
+                f"in_shardings = _named({ins})",
+                f"out_shardings = _named({outs})",
+                f"step = jax.jit({fn_name or 'fn'}, in_shardings=in_shardings, "
+                "out_shardings=out_shardings)",
+            ]
         lines += self._constraint_comments()
-        return "\n".join(lines) + "\n"
+        return PlanCode("\n".join(lines) + "\n")
+
+    def _has_statics(self) -> bool:
+        """Whether the bound arguments or outputs hold static leaves (not arrays)."""
+        traced = self.binding.traced if self.binding is not None else None
+        parts = (getattr(traced, "arguments", None), getattr(traced, "outputs", None))
+        return any(p is not None and p.has_statics for p in parts)
 
     def _placement_comment(self) -> list[str]:
         """For a plan made over a target: where its axes run there, which is where
@@ -609,34 +633,6 @@ class PlannedJit:
     def lower(self, *args: Any) -> Any:
         """``jax.jit(...).lower`` on the arguments' shapes (their placement is not read)."""
         return self.jitted.lower(*self._arguments.dynamic(abstract_args(tuple(args))))
-
-
-class _Code(str):
-    def __repr__(self) -> str:
-        return str(self)
-
-
-# Names the snippet binds before calling the function (``step = jax.jit(step, ...)`` is
-# fine: the function is read before ``step`` is rebound).
-_TEMPLATE_NAMES = {"jax", "shardlab", "NamedSharding", "P", "mesh", "_named", "in_shardings"}
-_TEMPLATE_NAMES |= {"out_shardings"}
-_WIDTH = 88
-
-
-def _pretty(tree: Any, indent: int) -> str:
-    """Source of a pytree of ``_Code`` leaves (dicts, lists, tuples), black-style: on one
-    line when it fits, else one element per line."""
-    flat = repr(tree)
-    if indent + len(flat) <= _WIDTH - 16 or type(tree) not in (dict, list, tuple):
-        return flat
-    pad = " " * (indent + 4)
-    if isinstance(tree, dict):
-        items = [f"{pad}{k!r}: {_pretty(v, indent + 4)}," for k, v in tree.items()]
-        open_, close = "{", "}"
-    else:
-        items = [f"{pad}{_pretty(v, indent + 4)}," for v in tree]
-        open_, close = ("[", "]") if isinstance(tree, list) else ("(", ")")
-    return open_ + "\n" + "\n".join(items) + "\n" + " " * indent + close
 
 
 @dataclasses.dataclass(frozen=True)

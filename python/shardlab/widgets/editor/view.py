@@ -13,6 +13,8 @@ from __future__ import annotations
 from jax.sharding import PartitionSpec
 
 from shardlab.parallel.cost.profiles import comm_time, describe_profile
+from shardlab.parallel.display import plural
+from shardlab.parallel.labels import spec_label
 from shardlab.parallel.records import COLLECTIVE_KINDS
 from shardlab.parallel.specs import make_spec
 from shardlab.widgets._base.html import (
@@ -50,7 +52,7 @@ INDETERMINATE = (
 
 
 def spec_text(spec: PartitionSpec) -> str:
-    return "P(" + ", ".join(map(repr, tuple(spec))) + ")"
+    return spec_label(spec)
 
 
 def _is_sharded(spec: PartitionSpec) -> bool:
@@ -109,7 +111,7 @@ class EditorView(View):
         assert report is not None
         what = "verify()" if self.source else "compiled"
         return (
-            f"{what} in {self.compiled.seconds:.2f} s: {len(report.collectives)} collectives, "
+            f"{what} in {self.compiled.seconds:.2f} s: {plural(len(report.collectives), 'collective')}, "
             f"{fmt_bytes(report.total_comm_bytes)} on the wire, memory "
             f"{fmt_bytes(report.memory.total)} per device"
         )

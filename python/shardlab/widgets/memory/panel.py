@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardlab._core.views import view_for
+from shardlab.parallel.labels import spec_label
 from shardlab.widgets._base.html import Raw, View, error_html, esc, fmt_bytes, panel, table
 from shardlab.widgets._base.live import LiveDisplay, guarded, show_controls
 
@@ -61,7 +62,11 @@ def snapshot(namespace: dict[str, Any] | None = None) -> MemorySnapshot:
             if array.is_deleted():
                 continue
             per_device = shard_nbytes(array)
-            spec = str(getattr(array.sharding, "spec", "single device"))
+            spec = (
+                spec_label(sharded)
+                if (sharded := getattr(array.sharding, "spec", None))
+                else "single device"
+            )
             entries.append(
                 ArrayEntry(
                     names.get(id(array), "(unnamed)"),

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from shardlab._core.units import time_unit
+from shardlab._core.wording import time_ratio_text
 from shardlab.parallel.cost.schedule import Timeline
 from shardlab.widgets._base.bokeh import BokehView
 from shardlab.widgets._base.html import KIND_COLORS, View, esc, fmt_bytes, fmt_time, source_label
@@ -39,10 +40,9 @@ ROW_PX = 30
 
 def difference_note(model: Timeline, measured: Timeline, *, platform: str = "") -> str:
     """Why the measured step differs from the model's, in a few sentences."""
-    ratio = measured.total / model.total if model.total > 0 else float("inf")
-    head = (
-        f"Measured {fmt_time(measured.total)} against the model's {fmt_time(model.total)} "
-        f"({ratio:.1f}×). "
+    ratio = time_ratio_text(measured.total, model.total)
+    head = f"Measured {fmt_time(measured.total)} against the model's {fmt_time(model.total)}" + (
+        f" ({ratio}). " if ratio else ". "
     )
     if platform != "cpu":
         return head + (

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from shardlab._core.wording import time_ratio_text
 from shardlab.parallel.cost.pipeline import PipelineCost, predict_pipeline
 from shardlab.parallel.cost.profiles import resolve_profile
 from shardlab.parallel.cost.schedule import Timeline, measure, schedule, stage_timeline
@@ -91,7 +92,7 @@ def phase_gaps(model: Timeline, measured: Timeline) -> list[tuple[str, float, fl
 
 
 def _ratio(model: float, measured: float) -> str:
-    return f"{measured / model:.1f}×" if model > 0 else "-"
+    return time_ratio_text(measured, model)
 
 
 class TimelineView(View):
@@ -155,7 +156,8 @@ class TimelineView(View):
         if gaps:
             lines.append("per phase (one device): model → measured")
             lines.extend(
-                f"  {phase:<19} {fmt_time(m)} → {fmt_time(x)} ({_ratio(m, x)})"
+                f"  {phase:<19} {fmt_time(m)} → {fmt_time(x)}"
+                + (f" ({ratio})" if (ratio := _ratio(m, x)) else "")
                 for phase, m, x in gaps
             )
         lines.extend(self.notes)
@@ -189,7 +191,7 @@ class TimelineView(View):
         if gaps:
             rows = "".join(
                 f"<tr><td>{esc(phase)}</td><td>{fmt_time(m)}</td><td>{fmt_time(x)}</td>"
-                f"<td>{_ratio(m, x)}</td></tr>"
+                f"<td>{_ratio(m, x) or '-'}</td></tr>"
                 for phase, m, x in gaps
             )
             parts.append(
