@@ -68,6 +68,11 @@ class Compiler(_Record):
         async_collectives: whether collectives run asynchronously beside compute.
         folds_add_into_scatter: whether ``add(scatter-add(0, i, u), x)`` becomes
             ``scatter-add(x, i, u)`` before partitioning.
+        fuses_into_dots: whether a dot computes the elementwise values it reads (and a dot
+            read only through them) inside its own fusion, tile by tile.
+        library_reductions: whether large reductions are library calls that take no
+            broadcast or shared producer inside, and convolutions run in one layout (the
+            copies ``cost/memory/fusion.py`` adds).
     """
 
     name: str
@@ -78,6 +83,8 @@ class Compiler(_Record):
     reassociates_partial_sums: bool = True
     async_collectives: bool = True
     folds_add_into_scatter: bool = True
+    fuses_into_dots: bool = False
+    library_reductions: bool = False
 
     def computed_dtype(self, dtype: Any) -> Any:
         """The dtype a value of ``dtype`` is computed in (itself unless promoted)."""
@@ -111,9 +118,10 @@ COMPILERS: dict[str, Compiler] = {
             reassociates_partial_sums=False,
             async_collectives=False,
             folds_add_into_scatter=False,
+            library_reductions=True,
         ),
         Compiler("XLA:GPU", "gpu"),
-        Compiler("XLA:TPU", "tpu"),
+        Compiler("XLA:TPU", "tpu", fuses_into_dots=True),
     )
 }
 

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from shardlab.parallel.arguments import eval_shape
@@ -103,6 +104,8 @@ def memory_estimate(
         )
 
     expands = profile is not None and profile.compiler.expands_select_and_scatter
+    into_dots = profile is not None and profile.compiler.fuses_into_dots
+    library = profile is None or profile.compiler.library_reductions
 
     # Outputs gathered along an inner dimension wait, gathered in the major dimension's
     # order, for the copies into their buffers at the program's end; XLA places about every
@@ -131,6 +134,8 @@ def memory_estimate(
         reductions=reductions,
         moved=frozenset(prop.computed),
         selections=expands,
+        dot_operands=into_dots,
+        library=library,
     )
 
 
@@ -230,7 +235,7 @@ def predict(
     fn: Callable[..., Any],
     *args: Any,
     mesh: Mesh,
-    in_shardings: Any,
+    in_shardings: Any = None,
     constraints: Constraints = None,
     out_shardings: Any = None,
     device: str | DeviceProfile | None = None,
@@ -245,7 +250,10 @@ def predict(
             non-array leaves are static: ``parallel/arguments.py``).
         mesh: the device mesh.
         in_shardings: a pytree (prefix) of ``PartitionSpec``/``NamedSharding`` matching
-            ``args``; a ``None`` leaf is taken as replicated.
+            ``args``; a ``None`` leaf is taken as replicated. Left out: each array's own
+            sharding where it is a ``NamedSharding`` over a mesh of ``mesh``'s shape (arrays
+            placed with ``jax.device_put``, ``jax.sharding.reshard`` or ``out_sharding=``),
+            replicated otherwise.
         constraints: layouts of intermediates: ``{node index: PartitionSpec}`` (the node's
             first output, indices of ``OpGraph.nodes``) or a callable ``Node -> spec | None``.
             ``with_sharding_constraint`` calls inside ``fn`` count as constraints too.
@@ -261,6 +269,8 @@ def predict(
     Raises:
         ShardingSpecError: a spec does not fit its argument or the mesh.
     """
+    if in_shardings is None:
+        in_shardings = _own_shardings(args, mesh)
     p = prepare_strategy(
         fn,
         *args,
@@ -279,3 +289,16 @@ def predict(
         warning = "some in_shardings leaves are None: predicted as replicated"
         cost = dataclasses.replace(cost, warnings=(*cost.warnings, warning))
     return cost
+
+
+def _own_shardings(args: tuple[Any, ...], mesh: Mesh) -> Any:
+    """Per array leaf of ``args``, its ``PartitionSpec`` where it carries a
+    ``NamedSharding`` over a mesh of ``mesh``'s shape; ``None`` (replicated) otherwise."""
+
+    def own(x: Any) -> Any:
+        s = getattr(x, "sharding", None)
+        if isinstance(s, NamedSharding) and dict(s.mesh.shape) == dict(mesh.shape):
+            return s.spec
+        return None
+
+    return jax.tree.map(own, tuple(args))

@@ -104,7 +104,11 @@ def _reaches(graph: OpGraph, position: dict[int, int], source: int, target: int)
 
 
 def _not_duplicated(
-    graph: OpGraph, order: Sequence[int], fused: set[int], consumers: dict[int, list[int]]
+    graph: OpGraph,
+    order: Sequence[int],
+    fused: set[int],
+    consumers: dict[int, list[int]],
+    absorbs: frozenset[str] = ABSORBS,
 ) -> set[int]:
     """Fused values XLA writes out because it will not duplicate them
     (``InstructionFusion::ComputeGloballyUnfusible``). A value that reads more than one
@@ -129,7 +133,10 @@ def _not_duplicated(
             continue
         memo: dict[int, bool] = {}
         kept = _Kept(fused, out)
-        if not all(_all_paths(graph, position, kept, v, c, memo) for c in consumers.get(v, ())):
+        if not all(
+            _all_paths(graph, position, kept, v, c, memo, absorbs=absorbs)
+            for c in consumers.get(v, ())
+        ):
             out.add(v)
     return out
 
@@ -152,6 +159,7 @@ def _all_paths(
     consumer: int,
     memo: dict[int, bool],
     depth: int = 0,
+    absorbs: frozenset[str] = ABSORBS,
 ) -> bool:
     """``CanFuseOnAllPaths(v, consumer)``: ``consumer`` absorbs fused values, and each of
     its other operands computed from ``v`` is fused too, recursively (``memo``: per
@@ -164,17 +172,22 @@ def _all_paths(
         return True
     memo[consumer] = True  # guards re-entry (the graph has no cycles)
     node = graph.nodes[consumer]
-    ok = node.primitive in ABSORBS
+    ok = node.primitive in absorbs
     for x in dict.fromkeys(node.inputs) if ok else ():
         if x == v or graph.literal[x] is not None or not _reaches(graph, position, v, x):
             continue
         if x not in fused or not _all_paths(
-            graph, position, fused, v, graph.producer(x), memo, depth + 1
+            graph, position, fused, v, graph.producer(x), memo, depth + 1, absorbs=absorbs
         ):
             ok = False
             break
     memo[consumer] = ok
     return ok
+
+
+# Contractions a compiler that fuses into dots (``Compiler.fuses_into_dots``: XLA:TPU's
+# convolution fusions) reads an elementwise producer inside, recomputed per tile.
+DOTS = frozenset(("dot_general", "conv_general_dilated"))
 
 
 def liveness(
@@ -183,6 +196,8 @@ def liveness(
     materialize: Collection[int] = (),
     copies: bool = False,
     selections: bool = False,
+    dot_operands: bool = False,
+    library: bool = True,
 ) -> Liveness:
     """Fusion and live ranges of ``graph`` (only ``live`` nodes run); ``materialize``:
     variables that get a buffer whatever their consumers (all-reduced partial sums: the
@@ -215,17 +230,40 @@ def liveness(
         users = consumers.get(v, [])
         if v in outputs or not users or v in materialize or v in carried:
             continue
-        if not all(graph.nodes[u].primitive in ABSORBS or outer(graph.nodes[u]) for u in users):
+        if not all(
+            graph.nodes[u].primitive in ABSORBS
+            or outer(graph.nodes[u])
+            or (dot_operands and graph.nodes[u].primitive in DOTS)
+            for u in users
+        ):
             continue
         if len(users) > 1 and node.primitive in EXPENSIVE:
             continue
         fused.add(v)
+    if dot_operands:
+        # A dot read only by a fused elementwise op that only dots read (a weight
+        # gradient's ``(d_o · w2ᵀ) ⊙ relu'(a)``): XLA:TPU computes it per tile inside
+        # the consuming dot's fusion (``%convolution_select_fusion`` nested in it).
+        for i in order:
+            node = graph.nodes[i]
+            if node.primitive != "dot_general" or len(node.outputs) != 1:
+                continue
+            v = node.outputs[0]
+            users = consumers.get(v, [])
+            if v in outputs or v in materialize or v in carried or len(users) != 1:
+                continue
+            (u,) = users
+            w = graph.nodes[u].outputs[0] if len(graph.nodes[u].outputs) == 1 else -1
+            if w in fused and all(graph.nodes[c].primitive in DOTS for c in consumers.get(w, [])):
+                fused.add(v)
     if copies:
-        fused -= _not_duplicated(graph, order, fused, consumers)
-    library: set[int] = set()
-    expanded = _unfusable_broadcasts(graph, order, fused, consumers, library) if copies else {}
+        absorbs = ABSORBS | DOTS if dot_operands else ABSORBS
+        fused -= _not_duplicated(graph, order, fused, consumers, absorbs)
+    cpu = copies and library  # XLA:CPU's library reductions and its one convolution layout
+    library_read: set[int] = set()
+    expanded = _unfusable_broadcasts(graph, order, fused, consumers, library_read) if cpu else {}
     reads: set[tuple[int, int]] = set()
-    for x, extra in (_convolution_copies(graph, order, reads) if copies else {}).items():
+    for x, extra in (_convolution_copies(graph, order, reads) if cpu else {}).items():
         expanded[x] = (*expanded.get(x, ()), *extra)
     in_copies = _computed_in_copies(graph, order, consumers, reads) if reads else frozenset()
     sources: dict[int, frozenset[int]] = {}
@@ -236,7 +274,7 @@ def liveness(
             if v in fused:
                 node = graph.nodes[graph.producer(v)]
                 got = frozenset().union(*(source_of(x) for x in node.inputs))
-                if v in library:  # its written-out copy is read for as long
+                if v in library_read:  # its written-out copy is read for as long
                     got |= {v}
             else:
                 got = frozenset((v,))

@@ -42,6 +42,8 @@ def device_memory(
     reductions: Reductions | None = None,
     moved: Collection[int] = (),
     selections: bool = False,
+    dot_operands: bool = False,
+    library: bool = True,
 ) -> DeviceMemoryEstimate:
     """Per-device ``arguments + outputs + temp`` of a strategy.
 
@@ -63,11 +65,21 @@ def device_memory(
         moved: outputs computed in one layout and moved (resharded) into their final one.
             Computed by fusible ops that only fusible ops read, their computed buffer is
             the move's operand alone: each consumer recomputes the value fused.
+        dot_operands: the backend computes elementwise producers (and a dot read only
+            through them) inside the dots that read them (XLA:TPU).
+        library: XLA:CPU's library reductions and one convolution layout, with the
+            buffers they need written out (``fusion``); not on GPU or TPU.
         selections: the backend expands max pooling's gradient (XLA:CPU): its operand is
             read where it is computed, its windows' indices wait for the scatter.
     """
     lv = lv or liveness(
-        graph, live, materialize=reductions or (), copies=True, selections=selections
+        graph,
+        live,
+        materialize=reductions or (),
+        copies=True,
+        selections=selections,
+        dot_operands=dot_operands,
+        library=library,
     )
     output_local = output_local or local
     used = {v for i in lv.order for v in graph.nodes[i].inputs} | set(graph.outputs)
