@@ -591,6 +591,7 @@ def _mutate(data: Any, op: str, path: tuple[Any, ...], value: Any, raws: list[st
     if isinstance(value, _Raw):
         raws.append(value.text)
         value = f"@@RAW{len(raws) - 1}@@"
+    value = copy.deepcopy(value)  # drawn values are shared: one inserted twice made a cycle
     if not path:
         return value if op in ("replace", "rename") else data
     parent = data

@@ -125,6 +125,18 @@ def searched_rows(plan: Any) -> list[tuple[float, tuple[str, ...]]]:
     return out
 
 
+def _seconds(plan: Any, members: list[Collective]) -> float:
+    """The members' time by the plan's profile; for a profile this process does not know
+    (a loaded plan's calibrated one, or a damaged name), their wire bytes' share of the
+    plan's recorded communication time."""
+    try:
+        return comm_time(members, plan.cost.device)
+    except ValueError:
+        total = sum(c.wire_bytes * c.count for c in plan.cost.collectives)
+        mine = sum(m.wire_bytes * m.count for m in members)
+        return plan.cost.comm_time * mine / total if total > 0 else 0.0
+
+
 def baseline_rows(plan: Any) -> list[tuple[float, tuple[str, ...]]]:
     """A plan made without a search: its input layouts, then the collectives the cost model
     expects, one row per kind, mesh axes and source line."""
@@ -133,7 +145,7 @@ def baseline_rows(plan: Any) -> list[tuple[float, tuple[str, ...]]]:
     for c in plan.cost.collectives:
         groups.setdefault((c.kind, tuple(c.mesh_axes), c.source), []).append(c)
     for (kind, axes, source), members in groups.items():
-        seconds = comm_time(members, plan.cost.device)
+        seconds = _seconds(plan, members)
         runs = sum(m.count for m in members)
         size = human_bytes(sum(m.bytes * m.count for m in members))
         chosen = f"over {', '.join(axes) or '-'}: {size}" + (f" in {runs} runs" if runs > 1 else "")
