@@ -123,6 +123,7 @@ def test_switches_through_cells_that_compile_nothing_keep_staged_cells(kernel):
     kernel.ok("v9 = jnp.ones(8)")
     cell = "%%graph\nu9 = jnp.tanh(v9) * 3"
     kernel.ok(cell)
+    kernel.ok('%config ShardlabSession.cache_reset = "programs"')  # the rule that counts
     kernel.ok("%config ShardlabSession.max_cached_programs = 0")
     before = traces(kernel)
     for between in ("%mode", "%devices", "n = 1 + 1", "print('plain')"):
@@ -132,6 +133,7 @@ def test_switches_through_cells_that_compile_nothing_keep_staged_cells(kernel):
         assert "[shardlab] mode" not in again.stdout
     assert traces(kernel) == before
     kernel.ok("%config ShardlabSession.max_cached_programs = 256")
+    kernel.ok('%config ShardlabSession.cache_reset = "memory"')
 
 
 def test_python_int_read_by_a_graph_cell_says_once_that_it_retraces(kernel):

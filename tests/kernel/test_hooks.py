@@ -103,6 +103,8 @@ def test_bad_device_sets_are_clear_and_change_nothing(kernel, arg, fragment):
 
 
 def test_mode_switches_release_caches_beyond_the_limit_and_keep_memory_bounded(kernel):
+    # the old rule, kept as an option (the default acts on memory: test_cache_reset.py)
+    kernel.ok('%config ShardlabSession.cache_reset = "programs"')
     kernel.ok("%config ShardlabSession.max_cached_programs = 30")
     kernel.ok(
         "x = jnp.ones((64, 64))\nfrom shardlab.engine.resources.live_memory import cache_stats"
@@ -134,6 +136,7 @@ def test_reset_can_be_turned_off_by_config(kernel):
 
 
 def test_mode_announcement_is_one_line(kernel):
+    kernel.ok('%config ShardlabSession.cache_reset = "programs"')
     kernel.ok("%config ShardlabSession.max_cached_programs = 0")
     kernel.ok("a = jnp.ones(3) * 2")
     out = kernel.ok("%%graph\nq = jnp.ones(2) * 2").stdout

@@ -2,8 +2,8 @@
 
 One ``ShardlabSession`` is attached to an IPython shell by :func:`.register.register` (which
 the shardlab kernel and ``%load_ext shardlab`` in a stock IPython kernel call). It is a
-traitlets ``Configurable``, so ``%config ShardlabSession.reset_on_mode_switch = False`` and
-config files work.
+traitlets ``Configurable``, so ``%config ShardlabSession.cache_reset = "off"`` and config
+files work.
 
 This module is the model: it imports no other module of ``kernel/`` (magics, the status
 channel and the wiring import it). What it reports after each cell goes to ``status``, a
@@ -17,8 +17,9 @@ How a cell runs — one route, one mode record (``CellMode``) per execute reques
      mode, so ``pre_run_cell`` resolving it again gets the same record);
   2. an input transformer rewrites the cell by the record: graph cells become a ``%%graph``
      cell magic, ``%%eager``/``%%jit`` lines become blank lines (keeping line numbers);
-  3. ``pre_run_cell`` resets caches when the mode changed and enters ``jax.disable_jit()`` for
-     eager cells; ``post_run_cell`` leaves it, records the mode, releases memory after an
+  3. ``pre_run_cell`` enters ``jax.disable_jit()`` for eager cells; ``post_run_cell`` leaves
+     it, records the mode, drops compilation caches after a cell that compiled when they
+     hold more memory than their budget (``cache_reset``), releases memory after an
      out-of-memory error and sends the status record (on the ``shardlab`` comm, see
      ``status.py``).
 While a cell runs, whatever IPython transforms or runs for it (the body of ``%%graph`` or
@@ -39,6 +40,7 @@ from typing import Any, Protocol
 from traitlets import Bool, Enum, Float, Instance, Int, observe
 from traitlets.config import LoggingConfigurable
 
+from shardlab._core.units import human_bytes
 from shardlab.engine.cells.staging import GraphCache
 from shardlab.engine.modes import (
     MODES,
@@ -51,6 +53,7 @@ from shardlab.engine.modes import (
 )
 from shardlab.engine.resources import live_memory as memory
 from shardlab.engine.resources import shape_guard
+from shardlab.engine.resources.cache_budget import CacheBudget, default_budget
 
 _GRAPH_MAGIC = "%%graph --shardlab-line-offset=0\n"
 
@@ -95,16 +98,30 @@ class ShardlabSession(LoggingConfigurable):
     default_mode = Enum(MODES, default_value="jit", help="Mode of cells without a mode.").tag(
         config=True
     )
+    cache_reset = Enum(
+        ("memory", "programs", "off"),
+        default_value="memory",
+        help="When, after a cell that compiled, the kernel drops JAX's compiled programs and "
+        "the staged graph cells. 'memory': when they hold more resident memory than "
+        "cache_budget_mib (engine/resources/cache_budget.py). 'programs' (the old rule): at "
+        "a mode switch, beyond max_cached_programs. 'off': never (memory_pressure and "
+        "release_after_oom still apply).",
+    ).tag(config=True)
+    cache_budget_mib = Int(
+        None,
+        allow_none=True,
+        help="The 'memory' rule's budget in MiB; None: an eighth of the host's memory "
+        "(cgroup limit included), at least 1 GiB.",
+    ).tag(config=True)
     reset_on_mode_switch = Bool(
         True,
-        help="When two consecutive cells that compile JAX programs run in different modes "
-        "and JAX holds more than max_cached_programs compiled programs, drop them and the "
-        "staged graph cells, so memory does not grow with every switch. Cells that compile "
-        "nothing (magics, plain Python, cached programs) are not switches.",
+        help="False turns every cache_reset rule off (kept for configs that predate "
+        "cache_reset; the same as cache_reset = 'off').",
     ).tag(config=True)
     max_cached_programs = Int(
         256,
-        help="Compiled programs JAX may keep across a mode switch before they are dropped.",
+        help="The 'programs' rule's limit: compiled programs JAX may keep across a mode "
+        "switch before they are dropped.",
     ).tag(config=True)
     memory_pressure = Float(
         0.8,
@@ -139,6 +156,11 @@ class ShardlabSession(LoggingConfigurable):
         self.last_mode: Mode | None = None
         self.last_compiling_mode: Mode | None = None  # of the last cell that compiled
         self._compiles_before = 0
+        # What the compilation caches hold, for cache_reset = "memory"; and how many times
+        # the caches were dropped after a cell (any rule).
+        self.cache_budget = CacheBudget()
+        self.cache_resets = 0
+        self._default_budget: int | None = None
         self.history: collections.deque[HistoryItem] = collections.deque(maxlen=self.history_length)
         self.status: StatusSink = _NoStatus()  # the wiring plugs in the comm channel
         self._eager_context: Any = None
@@ -217,6 +239,13 @@ class ShardlabSession(LoggingConfigurable):
             return ["\n"] * (blank_lines + 1) + body.splitlines(True)
         return lines
 
+    # IPython's ``check_complete`` (an is_complete request: a console's Enter) skips
+    # transformers marked so. Routing must not change that answer: a graph cell becomes a
+    # ``%%graph`` cell magic, which IPython counts complete only after a blank line, so with
+    # ``%mode graph`` ``1`` was "incomplete"; the text the user typed is judged as stock
+    # IPython judges it (``%%graph``/``%%jit``/``%%eager`` first lines as cell magics).
+    transform.has_side_effects = True  # type: ignore[attr-defined]
+
     # -- events ----------------------------------------------------------------------------
     def pre_execute(self) -> None:
         self._depth += 1
@@ -270,28 +299,53 @@ class ShardlabSession(LoggingConfigurable):
         self.status.send()
 
     def _compiled_in(self, mode: Mode) -> None:
-        """After a cell that compiled: a real mode switch, or memory pressure, may release."""
+        """After a cell that compiled: memory pressure, or the cache_reset rule, may release."""
         before, self.last_compiling_mode = self.last_compiling_mode, mode
-        pressure = _rss_fraction()
+        rss = memory.process_rss()
+        programs = memory.cache_stats().get("executables", 0)
+        self.cache_budget.observe(rss, programs)
+        rule = self.cache_reset if self.reset_on_mode_switch else "off"
+        pressure = _rss_fraction(rss)
         if pressure > self.memory_pressure:
-            self._release_caches(f"the kernel uses {pressure:.0%} of the host's memory")
-        elif self.reset_on_mode_switch and before is not None and before != mode:
-            programs = memory.cache_stats().get("executables", 0)
+            self._release_caches(f"the kernel uses {pressure:.0%} of the host's memory", rss)
+        elif rule == "memory" and self.cache_budget.over(self.cache_budget_bytes()):
+            self._release_caches(
+                f"compilation caches hold about {human_bytes(self.cache_budget.held())} "
+                f"(budget {human_bytes(self.cache_budget_bytes())}, cache_budget_mib)",
+                rss,
+            )
+        elif rule == "programs" and before is not None and before != mode:
             if programs > self.max_cached_programs:
                 self._release_caches(
                     f"mode {before} → {mode} with {programs} compiled programs (more than "
-                    f"max_cached_programs={self.max_cached_programs})"
+                    f"max_cached_programs={self.max_cached_programs})",
+                    rss,
                 )
 
-    def _release_caches(self, why: str) -> None:
+    def cache_budget_bytes(self) -> int:
+        """The 'memory' rule's budget in bytes (``cache_budget_mib``, or the default)."""
+        if self.cache_budget_mib is not None:
+            return max(0, self.cache_budget_mib) * 2**20
+        if self._default_budget is None:  # the host's memory, read once
+            self._default_budget = default_budget()
+        return self._default_budget
+
+    def _release_caches(self, why: str, rss_before: int) -> None:
+        """Drops the staged graph cells and JAX's caches; says so, with what it freed."""
+        import gc
+
         import jax
 
         stats = memory.cache_stats()
         cells = self.graph_cache.clear()
         jax.clear_caches()
+        gc.collect()
+        memory.malloc_trim()  # freed heap back to the OS, so that the measure below is real
+        freed = self.cache_budget.wiped(rss_before, memory.process_rss())
+        self.cache_resets += 1
         print(
             f"[shardlab] {why}: cleared {cells} graph cell(s) and "
-            f"{stats.get('executables', 0)} compiled program(s)",
+            f"{stats.get('executables', 0)} compiled program(s), freed {human_bytes(freed)}",
         )
 
     # -- helpers for magics ----------------------------------------------------------------
@@ -313,13 +367,13 @@ class ShardlabSession(LoggingConfigurable):
             total["staged"][kind] = total["staged"].get(kind, 0) + count
 
 
-def _rss_fraction() -> float:
-    """The kernel's resident memory as a fraction of the host's (0 where unknown)."""
+def _rss_fraction(rss: int) -> float:
+    """``rss`` resident bytes as a fraction of the host's memory (0 where unknown)."""
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 0.0
-    return memory.process_rss() / total if total > 0 else 0.0
+    return rss / total if total > 0 else 0.0
 
 
 _COMPILES = [0]
