@@ -77,3 +77,18 @@ def test_release_without_namespace_deletes_nothing():
     z = jnp.ones(8)
     release(None)
     np.testing.assert_allclose(np.asarray(z), 1.0)
+
+
+def test_reachable_arrays_walk_pytrees_with_one_array_leaf():
+    """An object that is a pytree of one array leaf and compares like its value (a flax
+    ``nnx.Param`` at module level, as a notebook or a test module leaves one): the walk
+    compared that leaf with the object by value (an elementwise ``!=``) and ``release``
+    raised "truth value of an array ... is ambiguous" in whatever ran after the module was
+    imported."""
+    from flax import nnx
+
+    from shardlab.engine.resources.live_memory import reachable_array_ids
+
+    param = nnx.Param(jnp.arange(8.0))
+    found = reachable_array_ids([param])
+    assert any(id(leaf) in found for leaf in jax.tree_util.tree_leaves(param))

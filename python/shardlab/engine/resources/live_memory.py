@@ -251,7 +251,9 @@ def _reachable_arrays(
                 leaves = jax.tree_util.tree_leaves(obj)
             except Exception:
                 leaves = []
-            if leaves and leaves != [obj]:
+            # by identity: ``leaves != [obj]`` compared an array leaf with ``obj`` by value
+            # (an elementwise ``!=``, whose truth is ambiguous)
+            if leaves and not (len(leaves) == 1 and leaves[0] is obj):
                 queue.extend(leaves)
     return found, not queue
 
