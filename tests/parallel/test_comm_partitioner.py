@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -353,3 +354,33 @@ def test_fewer_heads_than_tensor_parallel_devices_split_the_head_width(shape):
     assert "all-gather" not in compiled
     groups = sorted({c.group_size for c in chosen.cost.collectives})
     assert groups == sorted({c.group_size for c in report.collectives})
+
+
+def test_a_result_split_over_part_of_an_axis_gets_a_valid_spec():
+    """A function whose result is the reshaped projection (2 heads of width 32, the width
+    split over 8 devices): the result's layout is over the axis's parts (heads over 2 of
+    the 8, width over 4). A PartitionSpec cannot name a part, so the plan's output spec
+    names the axis only where it divides the dimension, and the plan compiles."""
+    from jax.sharding import PartitionSpec as P
+
+    from shardlab.parallel.cost import layouts as L
+    from shardlab.parallel.graph.trace import trace
+    from shardlab.parallel.plan.fixed import fixed_plan
+
+    def heads(x, w):
+        return (x @ w).reshape(8, 16, 2, 32)
+
+    x, w = jnp.ones((8, 16, 64)), jnp.ones((64, 64))
+    mesh = make_mesh(model=8)
+    traced = trace(heads, x, w)
+    plan = fixed_plan(
+        traced,
+        mesh,
+        [L.replicated(3), L.from_spec(P(None, "model"), 2)],
+        method="hand",
+    )
+    (out,) = plan.output_specs
+    for size, axes in zip((8, 16, 2, 32), out, strict=True):
+        assert size % math.prod(mesh.shape[a] for a in axes) == 0, out
+    report = plan.verify()
+    assert report.memory.total > 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -75,12 +75,29 @@ class Propagation:
         """The sizes of the axes ``layouts`` name: the mesh's ``sizes`` unless split."""
         return self.sizes or sizes
 
-    def mesh_layouts(self) -> list[L.DimAxes | None]:
+    def mesh_layouts(self, shapes: Sequence[Sequence[int]] | None = None) -> list[L.DimAxes | None]:
         """``layouts`` over the mesh's own axes (what a PartitionSpec can name): an axis
-        whose parts split different dimensions is named on the first of them."""
+        whose parts split different dimensions is named on the first of them, where it
+        divides that dimension (``shapes``: per variable), else on none."""
         if not self.parents:
             return self.layouts
-        return [None if lay is None else _coarse(lay, self.parents) for lay in self.layouts]
+        whole: dict[str, int] = {}
+        for part, axis in self.parents.items():
+            whole[axis] = whole.get(axis, 1) * self.sizes[part]
+        out: list[L.DimAxes | None] = []
+        for v, lay in enumerate(self.layouts):
+            if lay is None:
+                out.append(None)
+                continue
+            coarse = _coarse(lay, self.parents)
+            if shapes is not None:
+                dims = []
+                for size, axes in zip(shapes[v], coarse, strict=False):
+                    n = math.prod(whole.get(a, self.sizes.get(a, 1)) for a in axes)
+                    dims.append(axes if n and size % n == 0 else ())
+                coarse = tuple(dims)
+            out.append(coarse)
+        return out
 
 
 SUMS = frozenset(("add", "add_any"))

@@ -63,7 +63,7 @@ def fixed_plan(
     cost, prop = layout_cost(
         g, ins, sizes, profile, constraints=var_constraints or None, output_layouts=outs
     )
-    layouts = prop.mesh_layouts()
+    layouts = prop.mesh_layouts(g.shapes)
     out_specs = tuple(
         o if o is not None else (layouts[v] or L.replicated(len(g.shapes[v])))
         for o, v in zip(outs, g.outputs, strict=True)

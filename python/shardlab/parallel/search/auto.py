@@ -184,5 +184,5 @@ def baseline_seeds(problem: Problem, space: Space):
         prop = propagate(
             g, list(plan.input_specs), space.sizes, problem.profile, output_layouts=outs
         )
-        out.append((name, choice_from_layouts(space, prop.mesh_layouts())))
+        out.append((name, choice_from_layouts(space, prop.mesh_layouts(g.shapes))))
     return out
